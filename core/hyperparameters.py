@@ -1,0 +1,130 @@
+"""Fine-tuning hyperparameters: one schema the API validates at job creation and the worker trains with.
+
+OpenAI's fields (``n_epochs``, ``batch_size``, ``learning_rate_multiplier``, each also ``"auto"``) plus
+ours (absolute ``learning_rate``, ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``,
+``max_seq_len``). Bounds are generous but refuse the absurd: a job that could never finish or fit is
+rejected before it is queued.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ALL_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BASE_LEARNING_RATE = 2e-4  # what learning_rate_multiplier=1 means for LoRA
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH_SIZE = 4
+
+
+class Hyperparameters(BaseModel):
+    """As a client sends them; ``"auto"`` and omitted fields are resolved by :meth:`resolve`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_epochs: int | Literal["auto"] = Field(default="auto")
+    batch_size: int | Literal["auto"] = Field(default="auto")
+    learning_rate_multiplier: float | Literal["auto"] = Field(default="auto")
+    learning_rate: float | None = Field(default=None, description="Absolute LR; overrides the multiplier.")
+    lora_r: int = Field(default=8)
+    lora_alpha: float | None = Field(default=None, description="Default: 2 * lora_r.")
+    lora_dropout: float = Field(default=0.0)
+    target_modules: list[str] | None = Field(default=None, description="Default: all seven projections.")
+    max_seq_len: int = Field(default=1024)
+
+    @field_validator("n_epochs")
+    @classmethod
+    def _epochs(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 100:
+            raise ValueError("n_epochs must be between 1 and 100")
+        return v
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 256:
+            raise ValueError("batch_size must be between 1 and 256")
+        return v
+
+    @field_validator("learning_rate_multiplier")
+    @classmethod
+    def _multiplier(cls, v: float | str) -> float | str:
+        if isinstance(v, float | int) and not 0 < v <= 100:
+            raise ValueError("learning_rate_multiplier must be > 0 and <= 100")
+        return v
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _lr(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 1:
+            raise ValueError("learning_rate must be > 0 and <= 1")
+        return v
+
+    @field_validator("lora_alpha")
+    @classmethod
+    def _alpha(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 4096:
+            raise ValueError("lora_alpha must be > 0 and <= 4096")
+        return v
+
+    @field_validator("lora_dropout")
+    @classmethod
+    def _dropout(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError("lora_dropout must be >= 0 and < 1")
+        return v
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("target_modules must name at least one projection")
+        unknown = sorted(set(v) - set(ALL_TARGETS))
+        if unknown:
+            raise ValueError(f"unknown target_modules {unknown}; choose from {list(ALL_TARGETS)}")
+        return [t for t in ALL_TARGETS if t in v]  # canonical order, no duplicates
+
+    @field_validator("max_seq_len")
+    @classmethod
+    def _seq(cls, v: int) -> int:
+        if not 8 <= v <= 131072:
+            raise ValueError("max_seq_len must be between 8 and 131072")
+        return v
+
+    def resolve(self, *, max_lora_rank: int, context_length: int | None = None) -> ResolvedHyperparameters:
+        """Concrete values for training; raises ``ValueError`` naming the field when out of bounds."""
+        if not 1 <= self.lora_r <= max_lora_rank:
+            raise ValueError(f"lora_r must be between 1 and {max_lora_rank} (the platform's max rank)")
+        if context_length is not None and self.max_seq_len > context_length:
+            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the base model's context of {context_length}")
+        multiplier = 1.0 if self.learning_rate_multiplier == "auto" else float(self.learning_rate_multiplier)
+        return ResolvedHyperparameters(
+            n_epochs=DEFAULT_EPOCHS if self.n_epochs == "auto" else self.n_epochs,
+            batch_size=DEFAULT_BATCH_SIZE if self.batch_size == "auto" else self.batch_size,
+            learning_rate_multiplier=multiplier,
+            learning_rate=self.learning_rate if self.learning_rate is not None else BASE_LEARNING_RATE * multiplier,
+            lora_r=self.lora_r,
+            lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_r,
+            lora_dropout=self.lora_dropout,
+            target_modules=list(self.target_modules or ALL_TARGETS),
+            max_seq_len=self.max_seq_len,
+        )
+
+
+class ResolvedHyperparameters(BaseModel):
+    """Every value concrete: what is stored on the job and what the trainer uses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_epochs: int
+    batch_size: int
+    learning_rate_multiplier: float
+    learning_rate: float
+    lora_r: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: list[str]
+    max_seq_len: int

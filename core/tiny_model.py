@@ -1,0 +1,196 @@
+"""A small random-init Llama and a byte-level tokenizer, written byte-identically for the same arguments.
+
+Tests and the embedded `loraplex up` need a base model without a model hub. Weights come from our own
+seeded generator in a fixed order (not from `transformers` init, whose order and defaults change
+between releases), and every file is serialised deterministically, so two processes given the same
+arguments write the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
+BYTE_OFFSET = len(SPECIAL_TOKENS)  # token id of byte b is b + BYTE_OFFSET
+VOCAB_SIZE = BYTE_OFFSET + 256
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+# Loss is computed on what the assistant says, so the template marks it with {% generation %} for
+# `return_assistant_tokens_mask`; every turn ends with </s> so generation stops where training did.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{{ '\n' }}"
+    "{%- else %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|assistant|>\n' }}{%- endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of the tiny Llama; defaults give about 0.5M parameters."""
+
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int | None = None  # default: 8/3 * hidden rounded up to a multiple of 64
+    seed: int = 0
+    initializer_range: float = 0.1
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads:
+            raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"--heads ({self.heads}) must be divisible by --kv-heads ({self.kv_heads})")
+        if min(self.hidden, self.layers, self.heads, self.kv_heads) < 1:
+            raise ValueError("--hidden, --layers, --heads and --kv-heads must be >= 1")
+
+    @property
+    def intermediate_size(self) -> int:
+        if self.intermediate is not None:
+            return self.intermediate
+        return int(math.ceil(self.hidden * 8 / 3 / 64) * 64)
+
+    def config(self) -> dict:
+        """The `config.json` a `LlamaForCausalLM` loads."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": BOS_ID,
+            "eos_token_id": EOS_ID,
+            "pad_token_id": PAD_ID,
+            "head_dim": self.hidden // self.heads,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "initializer_range": self.initializer_range,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "mlp_bias": False,
+            "num_attention_heads": self.heads,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "rms_norm_eps": 1e-5,
+            "rope_scaling": None,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "use_cache": True,
+            "vocab_size": VOCAB_SIZE,
+        }
+
+
+def _weights(spec: TinyModelSpec) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(spec.seed)
+    h, i, d = spec.hidden, spec.intermediate_size, spec.hidden // spec.heads
+    kv = spec.kv_heads * d
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * spec.initializer_range
+
+    tensors = {"model.embed_tokens.weight": normal(VOCAB_SIZE, h)}
+    for layer in range(spec.layers):
+        p = f"model.layers.{layer}."
+        tensors[p + "input_layernorm.weight"] = torch.ones(h)
+        tensors[p + "self_attn.q_proj.weight"] = normal(h, h)
+        tensors[p + "self_attn.k_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.v_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.o_proj.weight"] = normal(h, h)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        tensors[p + "mlp.gate_proj.weight"] = normal(i, h)
+        tensors[p + "mlp.up_proj.weight"] = normal(i, h)
+        tensors[p + "mlp.down_proj.weight"] = normal(h, i)
+    tensors["model.norm.weight"] = torch.ones(h)
+    tensors["lm_head.weight"] = normal(VOCAB_SIZE, h)
+    return tensors
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, computed (never read from `ByteLevel.alphabet()`)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for b, ch in bytes_to_unicode().items():
+        vocab[ch] = b + BYTE_OFFSET
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
+    )
+    # Round-trip through json so key order is canonical whatever the tokenizers version emits.
+    return json.dumps(json.loads(tok.to_str()), sort_keys=True, indent=1, ensure_ascii=False)
+
+
+def _tokenizer_config(max_len: int) -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "model_max_length": max_len,
+        "padding_side": "right",
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write config, safetensors weights and tokenizer files of a tiny Llama into ``out_dir``."""
+    from safetensors.torch import save_file
+
+    spec = spec or TinyModelSpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def dump(obj: dict) -> str:
+        return json.dumps(obj, sort_keys=True, indent=2) + "\n"
+
+    _write_text(out / "config.json", dump(spec.config()))
+    _write_text(
+        out / "generation_config.json",
+        dump({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}),
+    )
+    tmp = out / "model.safetensors.tmp"
+    save_file(_weights(spec), str(tmp), metadata={"format": "pt"})
+    tmp.chmod(0o644)  # save_file creates 0600; containers run the server as another user
+    tmp.replace(out / "model.safetensors")
+    _write_text(out / "tokenizer.json", _tokenizer_json() + "\n")
+    _write_text(out / "tokenizer_config.json", dump(_tokenizer_config(spec.max_position_embeddings)))
+    _write_text(
+        out / "special_tokens_map.json",
+        dump({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}),
+    )
+    return out
