@@ -54,3 +54,9 @@ def make_celery(settings: Settings, *, max_job_seconds: int = DEFAULT_MAX_JOB_SE
         worker_hijack_root_logger=False,
     )
     return app
+
+
+# Redis pub/sub channel on which the control plane announces adapter lifecycle events to inference
+# servers: {"event": "prefetch" | "unload", "adapter": AdapterDescriptor JSON}. Best effort: a server
+# that misses one still loads the adapter on its first request.
+ADAPTER_EVENTS_CHANNEL = "loraplex:adapter-events"

@@ -1,0 +1,172 @@
+"""Structural validation of fine-tuning JSONL, line by line, before anything is trained.
+
+Two formats, one per file: chat (``{"messages": [{"role", "content"}, ...]}``) and prompt/completion
+(``{"prompt", "completion"}``). Every problem is reported with its 1-based line number, up to a cap,
+so a user can fix a file in one pass. Pure Python: the API runs it while an upload streams in, the
+trainer runs it again (and adds token-length checks that need the tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+CHAT = "chat"
+PROMPT_COMPLETION = "prompt_completion"
+ROLES = ("system", "user", "assistant")
+DEFAULT_MIN_EXAMPLES = 10
+DEFAULT_MAX_PROBLEMS = 20
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DatasetProblem:
+    line: int  # 1-based; 0 for problems of the file as a whole
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}" if self.line else self.message
+
+
+@dataclass
+class DatasetReport:
+    """The outcome of validating one file."""
+
+    format: str | None = None
+    num_examples: int = 0
+    problems: list[DatasetProblem] = field(default_factory=list)
+    more_problems: int = 0  # problems past the cap, counted but not kept
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self, limit: int = 10) -> str:
+        """One message listing the first problems, for an API error or a failed job."""
+        shown = "; ".join(str(p) for p in self.problems[:limit])
+        hidden = len(self.problems) - limit + self.more_problems
+        if hidden > 0:
+            shown += f"; and {hidden} more problem(s)"
+        return f"invalid training file: {shown}"
+
+
+def _example_format(obj: dict[str, Any]) -> str | None:
+    if "messages" in obj:
+        return CHAT
+    if "prompt" in obj or "completion" in obj:
+        return PROMPT_COMPLETION
+    return None
+
+
+def _check_chat(obj: dict[str, Any]) -> list[str]:
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ["'messages' must be a non-empty list"]
+    problems = []
+    has_assistant = False
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            problems.append(f"messages[{i}] must be an object with 'role' and 'content'")
+            continue
+        role, content = msg.get("role"), msg.get("content")
+        if role not in ROLES:
+            problems.append(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        if not isinstance(content, str) or not content.strip():
+            problems.append(f"messages[{i}].content must be a non-empty string")
+        extra = set(msg) - {"role", "content", "name", "weight"}
+        if extra:
+            problems.append(f"messages[{i}] has unsupported keys {sorted(extra)}")
+        if role == "assistant":
+            has_assistant = True
+    if not problems and not has_assistant:
+        problems.append("the conversation needs at least one assistant message to learn from")
+    if not problems and messages[-1].get("role") != "assistant":
+        problems.append("the last message must be from the assistant")
+    return problems
+
+
+def _check_prompt_completion(obj: dict[str, Any]) -> list[str]:
+    problems = []
+    for key in ("prompt", "completion"):
+        value = obj.get(key)
+        if not isinstance(value, str) or not value.strip():
+            problems.append(f"'{key}' must be a non-empty string")
+    extra = set(obj) - {"prompt", "completion"}
+    if extra:
+        problems.append(f"unsupported keys {sorted(extra)}")
+    return problems
+
+
+class DatasetValidator:
+    """Feed lines as they arrive (``feed``), then ``finish`` for the report."""
+
+    def __init__(self, *, min_examples: int = DEFAULT_MIN_EXAMPLES, max_problems: int = DEFAULT_MAX_PROBLEMS) -> None:
+        self.report = DatasetReport()
+        self._min = min_examples
+        self._max = max_problems
+        self._line = 0
+
+    def _problem(self, line: int, message: str) -> None:
+        if len(self.report.problems) < self._max:
+            self.report.problems.append(DatasetProblem(line, message))
+        else:
+            self.report.more_problems += 1
+
+    def feed(self, raw: bytes | str) -> dict[str, Any] | None:
+        """Validate the next line; returns the parsed example when it is valid."""
+        self._line += 1
+        line = self._line
+        if isinstance(raw, bytes):
+            if len(raw) > MAX_LINE_BYTES:
+                self._problem(line, f"line is longer than {MAX_LINE_BYTES} bytes")
+                return None
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self._problem(line, f"not valid UTF-8 (byte {exc.start}); save the file as UTF-8")
+                return None
+        text = raw.strip().lstrip("\ufeff")
+        if not text:
+            return None  # blank lines are tolerated
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            self._problem(line, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            return None
+        if not isinstance(obj, dict):
+            self._problem(line, "each line must be a JSON object")
+            return None
+        fmt = _example_format(obj)
+        if fmt is None:
+            self._problem(line, "unknown format: expected 'messages' (chat) or 'prompt' and 'completion'")
+            return None
+        if self.report.format is None:
+            self.report.format = fmt
+        elif fmt != self.report.format:
+            self._problem(line, f"mixes formats: this line is {fmt} but the file started as {self.report.format}")
+            return None
+        problems = _check_chat(obj) if fmt == CHAT else _check_prompt_completion(obj)
+        for message in problems:
+            self._problem(line, message)
+        if problems:
+            return None
+        self.report.num_examples += 1
+        return obj
+
+    def finish(self) -> DatasetReport:
+        """Close the file: adds whole-file problems (empty, too few examples)."""
+        if self.report.num_examples == 0 and not self.report.problems:
+            self._problem(0, "the file has no examples")
+        elif self.report.ok and self.report.num_examples < self._min:
+            self._problem(0, f"the file has {self.report.num_examples} example(s); at least {self._min} are needed")
+        return self.report
+
+
+def validate_lines(lines: Iterable[bytes | str], **kwargs: int) -> DatasetReport:
+    """Validate a whole file given as lines."""
+    validator = DatasetValidator(**kwargs)
+    for raw in lines:
+        validator.feed(raw)
+    return validator.finish()
