@@ -144,6 +144,7 @@ class S3ObjectStore(ObjectStore):
 
     def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         validate_key(key)
+        self._ensure_bucket()
         try:
             response = self._client.get_object(self.bucket, key)
         except Exception as exc:
@@ -162,6 +163,7 @@ class S3ObjectStore(ObjectStore):
 
     def stat(self, key: str) -> ObjectInfo:
         validate_key(key)
+        self._ensure_bucket()
         try:
             st = self._client.stat_object(self.bucket, key)
         except Exception as exc:

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from core.hyperparameters import ALL_TARGETS, BASE_LEARNING_RATE, Hyperparameters
+
+
+def test_auto_values_resolve_to_defaults() -> None:
+    resolved = Hyperparameters().resolve(max_lora_rank=64)
+    assert resolved.n_epochs == 3 and resolved.batch_size == 4
+    assert resolved.learning_rate == pytest.approx(BASE_LEARNING_RATE)
+    assert resolved.lora_alpha == 16 and resolved.target_modules == list(ALL_TARGETS)
+    explicit = Hyperparameters(learning_rate_multiplier=2, target_modules=["v_proj", "q_proj", "q_proj"])
+    resolved = explicit.resolve(max_lora_rank=64)
+    assert resolved.learning_rate == pytest.approx(2 * BASE_LEARNING_RATE)
+    assert resolved.target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n_epochs", 1_000_000),
+        ("n_epochs", 0),
+        ("batch_size", 0),
+        ("learning_rate", -1e-4),
+        ("learning_rate_multiplier", 0),
+        ("lora_alpha", 0),
+        ("lora_dropout", 1.0),
+        ("target_modules", ["embed_tokens"]),
+        ("target_modules", []),
+        ("max_seq_len", 2),
+        ("unknown_field", 1),
+    ],
+)
+def test_absurd_values_are_refused_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as exc:
+        Hyperparameters(**{field: value})
+    assert field in str(exc.value)
+
+
+@pytest.mark.parametrize("rank", [0, 65, 100_000])
+def test_rank_bounded_by_platform_limit(rank: int) -> None:
+    with pytest.raises(ValueError, match="lora_r"):
+        Hyperparameters(lora_r=rank).resolve(max_lora_rank=64)
+
+
+def test_seq_len_bounded_by_context() -> None:
+    with pytest.raises(ValueError, match="max_seq_len"):
+        Hyperparameters(max_seq_len=4096).resolve(max_lora_rank=64, context_length=2048)

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.tiny_model import BOS_ID, BYTE_OFFSET, EOS_ID
+
+
+def _make(out: Path, *extra: str) -> None:
+    exe = str(Path(sys.executable).parent / "loraplex")
+    subprocess.run([exe, "make-tiny-model", str(out), *extra], check=True, capture_output=True)
+
+
+def test_same_arguments_give_identical_files_across_processes(tmp_path: Path) -> None:
+    _make(tmp_path / "a", "--hidden", "64", "--layers", "1", "--seed", "3")
+    _make(tmp_path / "b", "--hidden", "64", "--layers", "1", "--seed", "3")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    _make(tmp_path / "c", "--hidden", "64", "--layers", "1", "--seed", "4")
+    assert (tmp_path / "a/model.safetensors").read_bytes() != (tmp_path / "c/model.safetensors").read_bytes()
+
+
+def _random_text(rng: random.Random) -> str:
+    ranges = [(0x20, 0x7E), (0x00, 0x1F), (0xA0, 0x24F), (0x4E00, 0x4FFF), (0x1F300, 0x1F6FF), (0x10000, 0x10FFF)]
+    chars = []
+    for _ in range(rng.randint(0, 40)):
+        lo, hi = rng.choice(ranges)
+        chars.append(chr(rng.randint(lo, hi)))
+    return "".join(chars)
+
+
+def test_loads_offline_and_tokenizer_round_trips_utf8(tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert model.config.initializer_range == pytest.approx(0.1)
+    rng = random.Random(0)
+    for _ in range(200):
+        text = _random_text(rng)
+        ids = tok(text)["input_ids"]
+        assert ids[0] == BOS_ID
+        assert ids[1:] == [b + BYTE_OFFSET for b in text.encode("utf-8")]
+        assert tok.decode(ids, skip_special_tokens=True) == text
+    with torch.no_grad():
+        logits = model(torch.tensor([tok("hello")["input_ids"]])).logits
+    assert logits.shape[-1] == model.config.vocab_size
+
+
+def test_chat_template_marks_assistant_text(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    learned = [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    assert learned == [ord("y") + BYTE_OFFSET, ord("o") + BYTE_OFFSET, EOS_ID]
+    prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|assistant|>\n")
