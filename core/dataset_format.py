@@ -43,13 +43,13 @@ class DatasetReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def summary(self, limit: int = 10) -> str:
+    def summary(self, limit: int = 10, what: str = "training file") -> str:
         """One message listing the first problems, for an API error or a failed job."""
         shown = "; ".join(str(p) for p in self.problems[:limit])
         hidden = len(self.problems) - limit + self.more_problems
         if hidden > 0:
             shown += f"; and {hidden} more problem(s)"
-        return f"invalid training file: {shown}"
+        return f"invalid {what}: {shown}"
 
 
 def _example_format(obj: dict[str, Any]) -> str | None:

@@ -1,0 +1,44 @@
+"""The app factory: ``create_app(settings)`` builds a FastAPI app with its own context; nothing is global."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from api.context import build_context
+from api.errors import install_error_handlers
+from api.routers import adapters, admin, files, fine_tuning, health, models
+from core.settings import Settings
+
+# Every router the app serves, mounted in this order. A new resource adds its router here.
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router,
+    files.router,
+    fine_tuning.router,
+    adapters.router,
+    models.router,
+    admin.router,
+)
+
+DESCRIPTION = """OpenAI-compatible control plane of loraplex: upload training files, run LoRA fine-tuning jobs,
+bring your own PEFT adapters, and list the models you can call. Authenticate with `Authorization: Bearer`
+and a tenant key; `/admin` routes take the admin key."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A ready app for ``settings``; its clients live in ``app.state.context`` (see ``api/context.py``)."""
+    ctx = build_context(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        ctx.close()
+
+    app = FastAPI(title="loraplex", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.context = ctx
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

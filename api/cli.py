@@ -1,0 +1,37 @@
+"""``loraplex api``: serve the control plane with uvicorn."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``api`` command to the ``loraplex`` CLI."""
+
+    @app.command("api")
+    def api_cmd(
+        host: Annotated[str | None, typer.Option(help="Interface to bind (LORAPLEX_API_HOST).")] = None,
+        port: Annotated[int | None, typer.Option(help="Port (LORAPLEX_API_PORT).")] = None,
+    ) -> None:
+        """Serve the OpenAI-compatible API (docs at /docs); SQLite databases are migrated first."""
+        import uvicorn
+
+        from api.app import create_app
+        from core.cli import console, ready_database, settings_or_exit
+        from core.errors import ConfigError
+
+        settings = settings_or_exit()
+        ready_database(settings)
+        try:
+            application = create_app(settings)
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc.message}")
+            raise typer.Exit(2) from None
+        uvicorn.run(
+            application,
+            host=host or settings.api_host,
+            port=port or settings.api_port,
+            log_level=settings.log_level,
+        )

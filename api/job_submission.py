@@ -1,0 +1,126 @@
+"""From a job request to a queued job: check everything the client sent, record the job, hand it to a worker.
+
+States: the row is created ``validating_files``; once its files are confirmed in the object store it
+becomes ``queued`` and is published to Redis. If publishing fails (Redis down) the row and its events
+are deleted and the client gets 503 with ``retry-after``: a retry creates the job afresh, so nothing is
+left half-created and nothing runs twice. (Should this process die between insert and publish, the
+row stays ``validating_files``/``queued`` without a message: that is the reaper's case, issue 10.)
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from sqlmodel import Session, delete
+
+from api.context import ApiContext
+from api.ownership import plausible_id
+from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
+from core.errors import InvalidRequest, ObjectNotFound
+from core.hyperparameters import ResolvedHyperparameters
+from core.ids import new_id
+from core.jobs import record_event
+from core.models import File, FineTuneJob, JobEvent, JobStatus, Tenant
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# ResolvedHyperparameters.resolve() names the field first in its messages ("lora_r must be ...").
+_RESOLVE_FIELDS = ("lora_r", "max_seq_len")
+
+
+def resolve_hyperparameters(body: JobCreate, settings: Settings, context_length: int | None) -> ResolvedHyperparameters:
+    """Concrete hyperparameters, or ``InvalidRequest`` whose ``param`` names the offending one."""
+    requested, where = body.requested_hyperparameters()
+    if body.hyperparameters is not None and body.method is not None and where != "hyperparameters":
+        raise InvalidRequest("give hyperparameters either at the top level or in method, not both", param="method")
+    try:
+        return requested.resolve(max_lora_rank=settings.max_lora_rank, context_length=context_length)
+    except ValueError as exc:
+        message = str(exc)
+        field = next((f for f in _RESOLVE_FIELDS if message.startswith(f)), None)
+        raise InvalidRequest(message, param=f"{where}.{field}" if field else where) from None
+
+
+def check_base_model(model: str, base_name: str) -> None:
+    """Jobs train on the configured base model only."""
+    if model == base_name:
+        return
+    if model.startswith("ft:"):
+        raise InvalidRequest(
+            f"continuing from a fine-tuned model is not supported; fine-tune the base model {base_name!r}",
+            param="model",
+            code="model_not_available",
+        )
+    raise InvalidRequest(
+        f"model {model!r} cannot be fine-tuned here; the base model is {base_name!r}",
+        param="model",
+        code="model_not_available",
+    )
+
+
+def _fine_tune_file(session: Session, tenant: Tenant, file_id: str, param: str) -> File:
+    row = session.get(File, file_id) if plausible_id(file_id) else None
+    # Someone else's file reads exactly like a missing one.
+    if row is None or row.tenant_id != tenant.id or row.deleted_at is not None:
+        raise InvalidRequest(f"no file with id {file_id!r}; upload it with POST /v1/files", param=param)
+    if row.purpose != "fine-tune":
+        raise InvalidRequest(f"file {file_id!r} has purpose {row.purpose!r}, not 'fine-tune'", param=param)
+    if row.status != "processed":
+        raise InvalidRequest(f"file {file_id!r} is {row.status}, not processed: {row.status_details}", param=param)
+    return row
+
+
+def _confirm_stored(ctx: ApiContext, files: list[tuple[File, str]]) -> None:
+    for file, param in files:
+        try:
+            info = ctx.store.stat(file.storage_key)
+        except ObjectNotFound:
+            raise InvalidRequest(f"the content of file {file.id!r} is missing; upload it again", param=param) from None
+        if info.size != file.bytes:
+            raise InvalidRequest(f"the content of file {file.id!r} changed since upload; upload it again", param=param)
+
+
+def _discard(ctx: ApiContext, job_id: str) -> None:
+    try:
+        with ctx.session() as session:
+            session.exec(delete(JobEvent).where(JobEvent.job_id == job_id))  # type: ignore[call-overload]
+            session.exec(delete(FineTuneJob).where(FineTuneJob.id == job_id))  # type: ignore[call-overload]
+    except Exception:
+        log.exception("could not remove job %s after a failed submission", job_id)
+
+
+def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
+    """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
+    check_base_model(body.model, ctx.base_model.name)
+    hyperparameters = resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length)
+    with ctx.session() as session:
+        files = [(_fine_tune_file(session, tenant, body.training_file, "training_file"), "training_file")]
+        if body.validation_file is not None:
+            files.append((_fine_tune_file(session, tenant, body.validation_file, "validation_file"), "validation_file"))
+        job = FineTuneJob(
+            id=new_id("ftjob"),
+            tenant_id=tenant.id,
+            base_model=body.model,
+            training_file=body.training_file,
+            validation_file=body.validation_file,
+            status=JobStatus.VALIDATING_FILES,
+            hyperparameters=hyperparameters.model_dump(),
+            suffix=body.suffix,
+            seed=body.seed if body.seed is not None else secrets.randbelow(MAX_SEED + 1),
+        )
+        session.add(job)
+        record_event(session, job, f"Created fine-tuning job: {job.id}")
+    try:
+        _confirm_stored(ctx, files)
+        with ctx.session() as session:
+            job.status = JobStatus.QUEUED
+            session.add(job)
+            examples = {param: file.num_examples for file, param in files}
+            record_event(session, job, "Files validated, moving job to queued state", data={"examples": examples})
+        ctx.jobs.submit(job)
+    except BaseException:
+        _discard(ctx, job.id)
+        raise
+    return job

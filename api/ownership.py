@@ -1,0 +1,31 @@
+"""Finding a tenant's own rows. Another tenant's row answers exactly like a missing one (404, same message),
+so ids cannot be probed across tenants."""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+from sqlmodel import Session, SQLModel
+
+from core.errors import NotFound
+from core.models import Tenant
+
+Row = TypeVar("Row", bound=SQLModel)
+
+# Every id we issue matches this; anything else cannot exist, and is not worth a query (some databases
+# reject bytes such as NUL in a string parameter outright).
+_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def plausible_id(value: str) -> bool:
+    """Whether ``value`` could be an id we issued."""
+    return _ID_RE.fullmatch(value) is not None
+
+
+def get_owned(session: Session, model: type[Row], row_id: str, tenant: Tenant, *, noun: str) -> Row:
+    """The caller's live ``model`` row with id ``row_id``; ``NotFound`` when absent, deleted or someone else's."""
+    row = session.get(model, row_id) if plausible_id(row_id) else None
+    if row is None or getattr(row, "tenant_id", None) != tenant.id or getattr(row, "deleted_at", None) is not None:
+        raise NotFound(f"no {noun} with id {row_id!r}", code=f"{noun.replace(' ', '_').replace('-', '_')}_not_found")
+    return row

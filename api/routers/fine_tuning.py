@@ -1,0 +1,81 @@
+"""``/v1/fine_tuning/jobs``: create, list, retrieve, cancel, and the event log of a job."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import APIRouter
+from sqlmodel import select
+
+from api.deps import Context, CurrentTenant
+from api.job_submission import submit_job
+from api.ownership import get_owned
+from api.pagination import After, Limit, build_page, page_query
+from api.routers.fine_tuning_schemas import (
+    EVENT_ID_PREFIX,
+    FineTuningJobObject,
+    JobCreate,
+    JobEventList,
+    JobEventObject,
+    JobList,
+)
+from core.errors import InvalidRequest
+from core.jobs import request_cancel
+from core.models import FineTuneJob, JobEvent
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+NOUN = "fine-tuning job"
+_EVENT_NUMBER = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column
+
+
+@router.post("", response_model=FineTuningJobObject, summary="Create a fine-tuning job")
+def create_job(body: JobCreate, ctx: Context, tenant: CurrentTenant) -> FineTuningJobObject:
+    """Queue a LoRA fine-tune of the base model on an uploaded file; 503 with retry-after if the queue is down."""
+    return FineTuningJobObject.from_row(submit_job(ctx, tenant, body))
+
+
+@router.get("", response_model=JobList, summary="List fine-tuning jobs")
+def list_jobs(ctx: Context, tenant: CurrentTenant, after: After = None, limit: Limit = 20) -> JobList:
+    """The caller's jobs, newest first."""
+    stmt = select(FineTuneJob).where(FineTuneJob.tenant_id == tenant.id)
+    with ctx.session() as session:
+        rows = session.exec(page_query(stmt, FineTuneJob.id, after=after, limit=limit)).all()
+    return build_page(JobList, rows, limit, FineTuningJobObject.from_row)
+
+
+@router.get("/{job_id}", response_model=FineTuningJobObject, summary="Retrieve a fine-tuning job")
+def retrieve_job(job_id: str, ctx: Context, tenant: CurrentTenant) -> FineTuningJobObject:
+    """One of the caller's jobs."""
+    with ctx.session() as session:
+        return FineTuningJobObject.from_row(get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN))
+
+
+@router.post("/{job_id}/cancel", response_model=FineTuningJobObject, summary="Cancel a fine-tuning job")
+def cancel_job(job_id: str, ctx: Context, tenant: CurrentTenant) -> FineTuningJobObject:
+    """Cancel a job: at once when it has not started (``cancelled``), after the current training step when it
+    runs (it stays ``running`` until its worker stops); a finished job answers 409."""
+    with ctx.session() as session:
+        job = request_cancel(session, get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN))
+        return FineTuningJobObject.from_row(job)
+
+
+def _event_cursor(after: str | None) -> int | None:
+    if after is None:
+        return None
+    number = after.removeprefix(EVENT_ID_PREFIX)
+    if not _EVENT_NUMBER.fullmatch(number):
+        raise InvalidRequest(f"after must be an event id such as '{EVENT_ID_PREFIX}42', got {after!r}", param="after")
+    return int(number)
+
+
+@router.get("/{job_id}/events", response_model=JobEventList, summary="List a job's events")
+def list_events(
+    job_id: str, ctx: Context, tenant: CurrentTenant, after: After = None, limit: Limit = 20
+) -> JobEventList:
+    """Status changes, progress and metrics of a job, newest first."""
+    cursor = _event_cursor(after)
+    with ctx.session() as session:
+        get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN)
+        stmt = select(JobEvent).where(JobEvent.job_id == job_id)
+        rows = session.exec(page_query(stmt, JobEvent.id, after=cursor, limit=limit)).all()
+    return build_page(JobEventList, rows, limit, JobEventObject.from_row)

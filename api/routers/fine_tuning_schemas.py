@@ -1,0 +1,155 @@
+"""Shapes of ``/v1/fine_tuning/jobs``: OpenAI's job and event objects, with our LoRA hyperparameters."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from api.naming import SUFFIX_MAX, check_suffix
+from api.pagination import ListPage
+from core.hyperparameters import Hyperparameters, ResolvedHyperparameters
+from core.models import FineTuneJob, JobEvent
+
+MAX_SEED = 2**31 - 1
+EVENT_ID_PREFIX = "ftevent-"
+
+JobStatusName = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class SupervisedSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hyperparameters: Hyperparameters | None = None
+
+
+class MethodIn(BaseModel):
+    """OpenAI's newer way to pass hyperparameters; only supervised fine-tuning exists here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["supervised"]
+    supervised: SupervisedSettings | None = None
+
+
+class JobCreate(BaseModel):
+    """``POST /v1/fine_tuning/jobs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=255, description="The base model to fine-tune (see /v1/models).")
+    training_file: str = Field(min_length=1, max_length=64, description="Id of an uploaded fine-tune file.")
+    validation_file: str | None = Field(default=None, min_length=1, max_length=64)
+    hyperparameters: Hyperparameters | None = None
+    method: MethodIn | None = None
+    suffix: str | None = Field(
+        default=None, max_length=SUFFIX_MAX, description="Up to 64 letters, digits, '-' or '_'; ends up in the name."
+    )
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description="Same seed, data, settings: same adapter.")
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, value: str | None) -> str | None:
+        return check_suffix(value)
+
+    def requested_hyperparameters(self) -> tuple[Hyperparameters, str]:
+        """The hyperparameters as sent, from the top level or from ``method``, and the field they came from."""
+        from_method = self.method.supervised.hyperparameters if self.method and self.method.supervised else None
+        if from_method is not None:
+            return from_method, "method.supervised.hyperparameters"
+        return self.hyperparameters or Hyperparameters(), "hyperparameters"
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+
+
+class SupervisedMethod(BaseModel):
+    hyperparameters: ResolvedHyperparameters
+
+
+class JobMethod(BaseModel):
+    type: Literal["supervised"] = "supervised"
+    supervised: SupervisedMethod
+
+
+class FineTuningJobObject(BaseModel):
+    """A fine-tuning job as the openai SDK's ``FineTuningJob`` reads it."""
+
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: JobError | None
+    fine_tuned_model: str | None = Field(description="ft:{base}:{tenant}:{suffix}:{job id}, once succeeded.")
+    finished_at: int | None
+    hyperparameters: ResolvedHyperparameters
+    model: str
+    organization_id: str = Field(description="The tenant id.")
+    result_files: list[str] = Field(default_factory=list)
+    seed: int
+    status: JobStatusName
+    trained_tokens: int | None
+    training_file: str
+    validation_file: str | None
+    estimated_finish: int | None = None
+    integrations: list[Any] = Field(default_factory=list)
+    metadata: dict[str, str] | None = None
+    method: JobMethod
+    suffix: str | None
+    adapter_id: str | None = Field(default=None, description="The adapter this job produced.")
+
+    @classmethod
+    def from_row(cls, job: FineTuneJob) -> FineTuningJobObject:
+        hyperparameters = ResolvedHyperparameters.model_validate(job.hyperparameters)
+        error = None
+        if job.error_code or job.error_message:
+            error = JobError(code=job.error_code or "error", message=job.error_message or "", param=job.error_param)
+        return cls(
+            id=job.id,
+            created_at=job.created_at,
+            error=error,
+            fine_tuned_model=job.fine_tuned_model,
+            finished_at=job.finished_at,
+            hyperparameters=hyperparameters,
+            model=job.base_model,
+            organization_id=job.tenant_id,
+            seed=job.seed,
+            status=job.status,  # type: ignore[arg-type]  # the column holds a JobStatus value
+            trained_tokens=job.trained_tokens,
+            training_file=job.training_file,
+            validation_file=job.validation_file,
+            method=JobMethod(supervised=SupervisedMethod(hyperparameters=hyperparameters)),
+            suffix=job.suffix,
+            adapter_id=job.adapter_id,
+        )
+
+
+class JobList(ListPage[FineTuningJobObject]):
+    """A page of jobs, newest first."""
+
+
+class JobEventObject(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: str = Field(description="info, warn or error.")
+    message: str
+    data: dict[str, Any] | None = None
+    type: str = Field(description="message or metrics (step, loss, ...).")
+
+    @classmethod
+    def from_row(cls, event: JobEvent) -> JobEventObject:
+        return cls(
+            id=f"{EVENT_ID_PREFIX}{event.id}",
+            created_at=event.created_at,
+            level=event.level,
+            message=event.message,
+            data=event.data,
+            type=event.type,
+        )
+
+
+class JobEventList(ListPage[JobEventObject]):
+    """A page of events, newest first."""

@@ -1,0 +1,60 @@
+"""``/v1/models``: the base model and the caller's adapters, by the names inference takes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlmodel import select
+
+from api.adapter_lifecycle import retire_adapter
+from api.deps import Context, CurrentTenant
+from api.routers.models_schemas import ModelDeleted, ModelList, ModelObject
+from core.errors import NotFound, PermissionDenied
+from core.models import Adapter, Tenant
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+def _owned_adapter(ctx: Context, tenant: Tenant, model: str) -> Adapter:
+    row = None
+    if model.isprintable():  # no stored name holds control characters; some databases reject NUL outright
+        with ctx.session() as session:
+            row = session.exec(
+                select(Adapter).where(
+                    Adapter.name == model,
+                    Adapter.tenant_id == tenant.id,
+                    Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
+                )
+            ).first()
+    if row is None:
+        raise NotFound(f"no model {model!r}; GET /v1/models lists yours", param="model", code="model_not_found")
+    return row
+
+
+@router.get("", response_model=ModelList, summary="List models")
+def list_models(ctx: Context, tenant: CurrentTenant) -> ModelList:
+    """The base model, then the caller's adapters (newest first)."""
+    with ctx.session() as session:
+        rows = session.exec(
+            select(Adapter)
+            .where(Adapter.tenant_id == tenant.id, Adapter.deleted_at.is_(None))  # type: ignore[union-attr]
+            .order_by(Adapter.id.desc())  # type: ignore[union-attr]
+        ).all()
+    return ModelList(data=[ModelObject.base(ctx.base_model), *(ModelObject.adapter(r, tenant) for r in rows)])
+
+
+# `:path` because model names may hold '/' (a base model named like "org/model").
+@router.get("/{model:path}", response_model=ModelObject, summary="Retrieve a model")
+def retrieve_model(model: str, ctx: Context, tenant: CurrentTenant) -> ModelObject:
+    """The base model, or one of the caller's adapters by its model name."""
+    if model == ctx.base_model.name:
+        return ModelObject.base(ctx.base_model)
+    return ModelObject.adapter(_owned_adapter(ctx, tenant, model), tenant)
+
+
+@router.delete("/{model:path}", response_model=ModelDeleted, summary="Delete a fine-tuned model")
+def delete_model(model: str, ctx: Context, tenant: CurrentTenant) -> ModelDeleted:
+    """Delete one of the caller's adapters by model name (the base model cannot be deleted)."""
+    if model == ctx.base_model.name:
+        raise PermissionDenied(f"{model!r} is the platform's base model and cannot be deleted", param="model")
+    retire_adapter(ctx, _owned_adapter(ctx, tenant, model))
+    return ModelDeleted(id=model)

@@ -1,0 +1,112 @@
+"""The whole path through the openai SDK: upload, fine-tune on a real Celery worker (real Redis, real S3),
+follow the job to ``succeeded``, and find the adapter among the models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from openai.types.fine_tuning import FineTuningJob
+
+from api.app import create_app
+from core.local_services import EmbeddedRedis, ManagedProcess
+from core.settings import Settings
+from tests.integration.api.conftest import TenantHandle, api_settings_for
+from tests.integration.api.datasets import chat_jsonl
+from tests.integration.api.live_server import LiveServer, serve
+from tests.integration.conftest import launch_worker
+from tests.services import S3Service
+
+pytestmark = pytest.mark.slow
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class Deployment:
+    settings: Settings
+    server: LiveServer
+    worker: ManagedProcess
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, redis_service: EmbeddedRedis, s3_service: S3Service, tiny_model_dir: Path
+) -> Iterator[Deployment]:
+    """An API and a worker sharing one database, bucket and queue (its own base model name: its own queue)."""
+    workdir = tmp_path_factory.mktemp("e2e")
+    settings = api_settings_for(
+        workdir, redis_service.url, s3_service, tiny_model_dir, base_model_name=f"tiny-{uuid.uuid4().hex[:8]}"
+    )
+    server = serve(create_app(settings))
+    worker = launch_worker(settings, workdir / "worker.log")
+    yield Deployment(settings, server, worker)
+    worker.stop()
+    server.stop()
+
+
+def follow(client: OpenAI, job_id: str, worker: ManagedProcess, timeout: float = 300.0) -> FineTuningJob:
+    """Poll the job through the SDK until it ends (failing early, with the worker's log, if the worker died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in TERMINAL:
+            return job
+        if not worker.alive():
+            pytest.fail(f"the worker exited while job {job_id} was {job.status}:\n{worker.log_tail(60)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} still {job.status} after {timeout:.0f}s; worker log:\n{worker.log_tail(60)}")
+        time.sleep(0.25)  # pacing between polls; the loop waits on the job's status, not on time
+
+
+def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
+    settings = deployment.settings
+    assert settings.admin_key is not None
+    created = httpx.post(
+        f"{deployment.server.url}/admin/tenants",
+        json={"name": "e2e-acme"},
+        headers={"Authorization": f"Bearer {settings.admin_key.get_secret_value()}"},
+    ).json()
+    tenant = TenantHandle(created["id"], created["name"], created["api_key"]["key"], deployment.server.url)
+    client = tenant.openai()
+    base = settings.model_name or ""
+
+    training = client.files.create(file=("train.jsonl", chat_jsonl(12)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=base,
+        training_file=training.id,
+        hyperparameters={"n_epochs": 2, "batch_size": 4, "lora_r": 4},
+        suffix="e2e",
+        seed=3,
+    )
+    assert job.status == "queued"
+
+    final = follow(client, job.id, deployment.worker)
+
+    assert final.status == "succeeded", final.error
+    assert final.fine_tuned_model == f"ft:{base}:e2e-acme:e2e:{job.id}"
+    assert final.trained_tokens and final.trained_tokens > 0
+    assert final.finished_at is not None and final.finished_at >= final.created_at
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=5))  # the SDK pages through all of them
+    messages = [e.message for e in events]
+    assert messages[0] == "The job has successfully completed"
+    assert messages[-1] == f"Created fine-tuning job: {job.id}"
+    assert "Fine-tuning job started" in messages
+    assert any(e.type == "metrics" for e in events)
+
+    models = {m.id: m for m in client.models.list()}
+    assert set(models) == {base, final.fine_tuned_model}
+    assert (models[final.fine_tuned_model].model_extra or {})["parent"] == base
+    with tenant.http() as http:
+        [adapter] = http.get("/v1/adapters").json()["data"]
+    assert (adapter["model"], adapter["source"], adapter["job_id"], adapter["rank"]) == (
+        final.fine_tuned_model,
+        "fine_tune",
+        job.id,
+        4,
+    )

@@ -1,0 +1,37 @@
+"""Mapping errors to HTTP: parameter names from validation locations, and the retry headers clients obey."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.errors import error_headers, validation_param
+from core.errors import Conflict, InvalidRequest, NotFound, RateLimited, ServiceUnavailable
+
+
+@pytest.mark.parametrize(
+    ("loc", "param"),
+    [
+        (("body", "hyperparameters", "lora_r"), "hyperparameters.lora_r"),
+        (("body", "hyperparameters", "batch_size", "int"), "hyperparameters.batch_size"),
+        (("body", "hyperparameters", "n_epochs", "literal['auto']"), "hyperparameters.n_epochs"),
+        (("body", "hyperparameters", "target_modules", 0), "hyperparameters.target_modules.0"),
+        (("query", "limit"), "limit"),
+        (("body",), None),
+    ],
+)
+def test_validation_locations_become_dotted_params(loc: tuple, param: str | None) -> None:
+    assert validation_param(loc) == param
+
+
+@pytest.mark.parametrize(
+    ("error", "headers"),
+    [
+        (ServiceUnavailable("down", retry_after=2.2), {"retry-after": "3"}),
+        (RateLimited("slow down", retry_after=0.1), {"retry-after": "1"}),
+        (Conflict("already done"), {"x-should-retry": "false"}),
+        (InvalidRequest("bad"), {}),
+        (NotFound("gone"), {}),
+    ],
+)
+def test_retry_headers(error: Exception, headers: dict[str, str]) -> None:
+    assert error_headers(error) == headers  # type: ignore[arg-type]
