@@ -12,6 +12,7 @@ from sqlmodel import Session, create_engine
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+READ_ONLY_OPTION = "loraplex_read_only"
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -32,7 +33,11 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
         # A deferred transaction that reads and then writes cannot wait for the write lock (SQLite
         # returns SQLITE_BUSY at once to avoid deadlock); taking the lock up front makes it wait.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only sessions (see read_session) stay deferred so they never queue behind writers.
+        if conn.get_execution_options().get(READ_ONLY_OPTION):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -63,6 +68,16 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+@contextmanager
+def read_session(engine: Engine) -> Iterator[Session]:
+    """A transaction that only reads: on SQLite it does not take the write lock. Never write in it."""
+    with Session(engine.execution_options(**{READ_ONLY_OPTION: True}), expire_on_commit=False) as session:
+        try:
+            yield session
+        finally:
+            session.rollback()
 
 
 def _alembic_config(url: str):  # type: ignore[no-untyped-def]

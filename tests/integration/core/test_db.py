@@ -96,3 +96,18 @@ def test_two_processes_write_sqlite_concurrently(tmp_path: Path) -> None:
     engine = db.make_engine(url)
     with db.session_scope(engine) as session:
         assert session.exec(select(func.count()).select_from(Tenant)).one() == 300
+
+
+def test_read_session_does_not_wait_for_a_writer(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    with db.session_scope(engine) as session:
+        create_tenant(session, "reader")
+    with db.session_scope(engine) as writer:
+        writer.add(Tenant(id="tenant-w", name="writer"))
+        writer.flush()  # the write lock is held until this block ends
+        with db.read_session(engine) as reader:
+            # A second immediate transaction would block here for the busy timeout; a read does not.
+            names = {t.name for t in reader.exec(select(Tenant)).all()}
+        assert names == {"reader"}
