@@ -16,7 +16,7 @@ from sqlmodel import Session, SQLModel
 
 from api.base_model import BaseModelInfo, load_base_model
 from api.job_queue import JobQueue
-from core.db import make_engine, session_scope
+from core.db import make_engine, read_session, session_scope
 from core.queue import make_celery
 from core.settings import Settings
 from core.storage import ObjectStore, open_store
@@ -38,6 +38,12 @@ class ApiContext:
     def session(self) -> Iterator[Session]:
         """A short transaction. Never hold one across network I/O: SQLite lets one writer in at a time."""
         with session_scope(self.engine) as session:
+            yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """A read-only transaction: on SQLite it does not queue behind writers. Never write in it."""
+        with read_session(self.engine) as session:
             yield session
 
     def insert_or_undo(self, row: SQLModel, undo: Callable[[], None]) -> None:

@@ -48,7 +48,7 @@ def current_tenant(ctx: Context, credentials: Annotated[_Credentials, Depends(_t
         raise AuthenticationFailed(
             "the admin key only opens /admin routes; call /v1 routes with a tenant API key", code="admin_key"
         )
-    with ctx.session() as session:
+    with ctx.reading() as session:
         return authenticate(session, key)
 
 

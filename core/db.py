@@ -73,11 +73,10 @@ def session_scope(engine: Engine) -> Iterator[Session]:
 @contextmanager
 def read_session(engine: Engine) -> Iterator[Session]:
     """A transaction that only reads: on SQLite it does not take the write lock. Never write in it."""
+    # Closing (not rolling back) ends the transaction without expiring what was loaded, so rows stay
+    # readable after the block.
     with Session(engine.execution_options(**{READ_ONLY_OPTION: True}), expire_on_commit=False) as session:
-        try:
-            yield session
-        finally:
-            session.rollback()
+        yield session
 
 
 def _alembic_config(url: str):  # type: ignore[no-untyped-def]
