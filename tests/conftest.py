@@ -7,11 +7,15 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import torch
+# The Triton interpreter runs tiles through numpy; OpenBLAS threads make it 10-40x slower on a busy
+# 2-core machine, and must be limited before numpy is first imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from core.local_services import EmbeddedRedis, start_redis
-from tests.services import S3Service, start_seaweed_s3
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from core.local_services import EmbeddedRedis, start_redis  # noqa: E402
+from tests.services import S3Service, start_seaweed_s3  # noqa: E402
 
 # Triton reads TRITON_INTERPRET when it is first imported, so this must run before any test module
 # imports triton. Without a GPU the interpreter is the only way to run the Triton kernels.

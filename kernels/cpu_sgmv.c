@@ -1,0 +1,158 @@
+/* CPU loops (fp32) for what costs more in torch op dispatch than in arithmetic at decode time:
+ * fused multi-LoRA shrink + expand for short segments, and paged decode attention. Both read the
+ * arena in place. Loaded through ctypes by kernels/torch_ops.py (no torch headers needed).
+ *
+ * LoRA, for every segment g with adapter slot s != -1 and every slice k of the group (projection p):
+ *
+ * For every segment g with adapter slot s != -1 and every slice k of the group (projection p):
+ *   v[t, i] = x[t] . arena[a_rows[s, p, i] : + in_features]                 (i < rank)
+ *   y[t, out_offset_k : + width_k] += scale[s, p] * sum_i v[t, i] * arena[b_rows[s, p, i] : + width_k]
+ * One call per layer and group replaces hundreds of tiny torch ops; each adapter row is read once per
+ * segment while it sits in L1.
+ */
+#include <math.h>
+#include <stdint.h>
+
+/* GCC/Clang vector extensions: 8 floats (AVX when available, two SSE registers otherwise). */
+typedef float f8 __attribute__((vector_size(32)));
+
+static inline f8 load8(const float *p) {
+    f8 v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float hsum(f8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+static float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    f8 acc0 = {0}, acc1 = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        acc0 += load8(a + j) * load8(b + j);
+        acc1 += load8(a + j + 8) * load8(b + j + 8);
+    }
+    for (; j + 8 <= n; j += 8) acc0 += load8(a + j) * load8(b + j);
+    float sum = hsum(acc0 + acc1);
+    for (; j < n; ++j) sum += a[j] * b[j];
+    return sum;
+}
+
+/* out[t] = a . xs[t] for up to TOKEN_BLOCK vectors: each chunk of the adapter row is loaded once. */
+#define TOKEN_BLOCK 4
+#define COLUMN_BLOCK 256
+static void dot_block(const float *restrict a, const float *const *xs, int64_t m, int64_t n, float *out) {
+    if (m < TOKEN_BLOCK) {
+        for (int64_t t = 0; t < m; ++t) out[t] = dot(a, xs[t], n);
+        return;
+    }
+    f8 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        f8 w = load8(a + j);
+        acc0 += w * load8(xs[0] + j);
+        acc1 += w * load8(xs[1] + j);
+        acc2 += w * load8(xs[2] + j);
+        acc3 += w * load8(xs[3] + j);
+    }
+    out[0] = hsum(acc0), out[1] = hsum(acc1), out[2] = hsum(acc2), out[3] = hsum(acc3);
+    for (; j < n; ++j)
+        for (int t = 0; t < TOKEN_BLOCK; ++t) out[t] += a[j] * xs[t][j];
+}
+
+static void axpy(float *restrict y, float c, const float *restrict x, int64_t n) {
+    f8 cv = {c, c, c, c, c, c, c, c};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        f8 r = load8(y + j) + cv * load8(x + j);
+        __builtin_memcpy(y + j, &r, sizeof r);
+    }
+    for (; j < n; ++j) y[j] += c * x[j];
+}
+
+static inline int64_t token_row(int64_t pos, const int64_t *token_index) {
+    return token_index ? token_index[pos] : pos;
+}
+
+
+/* Table views are [slots, 7, max_rank] (rows) and [slots, 7] (ranks, scales) with the given element strides. */
+void lora_segments(const float *x, int64_t x_stride, float *y, int64_t y_stride, const float *arena,
+                   int64_t in_features, int64_t num_segments, const int32_t *seg_starts,
+                   const int32_t *seg_lengths, const int32_t *seg_slots, const int32_t *seg_use,
+                   const int64_t *token_index, int64_t num_slices, const int64_t *projections,
+                   const int64_t *out_offsets, const int64_t *out_widths, const int64_t *a_rows,
+                   const int64_t *b_rows, int64_t rows_slot_stride, int64_t rows_proj_stride,
+                   const int32_t *ranks, const float *scales, int64_t meta_slot_stride,
+                   int64_t meta_proj_stride, float *v /* [max segment length * max rank] */) {
+    for (int64_t g = 0; g < num_segments; ++g) {
+        int64_t slot = seg_slots[g], length = seg_lengths[g];
+        if (slot < 0 || length == 0 || !seg_use[g]) continue;
+        for (int64_t k = 0; k < num_slices; ++k) {
+            int64_t p = projections[k];
+            int64_t rank = ranks[slot * meta_slot_stride + p * meta_proj_stride];
+            if (rank == 0) continue;
+            float scale = scales[slot * meta_slot_stride + p * meta_proj_stride];
+            const int64_t *a_off = a_rows + slot * rows_slot_stride + p * rows_proj_stride;
+            const int64_t *b_off = b_rows + slot * rows_slot_stride + p * rows_proj_stride;
+            int64_t width = out_widths[k], offset = out_offsets[k];
+            for (int64_t t0 = 0; t0 < length; t0 += TOKEN_BLOCK) {
+                int64_t m = length - t0 < TOKEN_BLOCK ? length - t0 : TOKEN_BLOCK;
+                const float *xs[TOKEN_BLOCK];
+                for (int64_t t = 0; t < m; ++t) xs[t] = x + token_row(seg_starts[g] + t0 + t, token_index) * x_stride;
+                for (int64_t i = 0; i < rank; ++i) {
+                    float out[TOKEN_BLOCK];
+                    dot_block(arena + a_off[i], xs, m, in_features, out);
+                    for (int64_t t = 0; t < m; ++t) v[(t0 + t) * rank + i] = scale * out[t];
+                }
+            }
+            /* Column blocks keep the segment's output rows in L1 while every B^T row streams through once. */
+            for (int64_t c0 = 0; c0 < width; c0 += COLUMN_BLOCK) {
+                int64_t cols = width - c0 < COLUMN_BLOCK ? width - c0 : COLUMN_BLOCK;
+                for (int64_t i = 0; i < rank; ++i) {
+                    const float *b = arena + b_off[i] + c0;
+                    for (int64_t t = 0; t < length; ++t) {
+                        float *yrow = y + token_row(seg_starts[g] + t, token_index) * y_stride + offset + c0;
+                        axpy(yrow, v[t * rank + i], b, cols);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* One query token per sequence over its paged K/V, read in place. Caches are one layer's views:
+ * token t of sequence b lives at page block_tables[b, t / block_size], slot t % block_size.
+ * Per KV head the keys are read once for all the query heads sharing it (GQA), then the values once.
+ * scratch holds max(context_lens) * group floats. */
+void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, int64_t page_stride,
+                            int64_t token_stride, const int32_t *block_tables, int64_t table_stride,
+                            const int32_t *context_lens, int64_t batch, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale, float *out,
+                            float *scratch) {
+    int64_t group = num_heads / num_kv_heads;
+    for (int64_t b = 0; b < batch; ++b) {
+        int64_t n = context_lens[b];
+        const int32_t *table = block_tables + b * table_stride;
+        for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+            const float *qh = q + (b * num_heads + kvh * group) * head_dim;
+            float *oh = out + (b * num_heads + kvh * group) * head_dim;
+            for (int64_t h = 0; h < group * head_dim; ++h) oh[h] = 0.0f;
+            if (n == 0) continue;
+            for (int64_t t = 0; t < n; ++t) {
+                const float *key = k_cache + table[t / block_size] * page_stride + (t % block_size) * token_stride +
+                                   kvh * head_dim;
+                for (int64_t h = 0; h < group; ++h) scratch[h * n + t] = scale * dot(qh + h * head_dim, key, head_dim);
+            }
+            for (int64_t h = 0; h < group; ++h) {
+                float *s = scratch + h * n, top = s[0], total = 0.0f;
+                for (int64_t t = 1; t < n; ++t) top = s[t] > top ? s[t] : top;
+                for (int64_t t = 0; t < n; ++t) total += (s[t] = expf(s[t] - top));
+                for (int64_t t = 0; t < n; ++t) s[t] /= total;
+            }
+            for (int64_t t = 0; t < n; ++t) {
+                const float *value = v_cache + table[t / block_size] * page_stride + (t % block_size) * token_stride +
+                                     kvh * head_dim;
+                for (int64_t h = 0; h < group; ++h) axpy(oh + h * head_dim, scratch[h * n + t], value, head_dim);
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+"""Vectorised torch versions of every kernel: the CPU fast path (same signatures as :mod:`kernels.reference`).
+
+Adapter rows are read in place: when a matrix's rows are evenly spaced by their width (the pool packs
+each fused group's A rows, and each projection's B^T rows, adjacently), the matrix is a zero-copy view
+of the arena; otherwise its rows are gathered. Long segments (prefill chunks) take one matmul per
+segment and fused group for the shrink and one per slice for the expand. Short segments (decodes),
+where a torch op costs far more to dispatch than to compute, all go through one call of a small C
+loop (``cpu_sgmv.c``, compiled once per machine and loaded with ctypes) when a C compiler exists;
+``LORAPLEX_CPU_SGMV=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
+
+log = logging.getLogger(__name__)
+
+# Segments up to this many tokens go through the C loop; longer ones amortise torch's per-op cost.
+SHORT_SEGMENT = 16
+C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC")
+C_LIBS = ("-lm",)
+
+
+@dataclass
+class _SegmentPlan:
+    rows: slice | torch.Tensor  # a slice of x/y rows, or row indices when the step is permuted
+    a: torch.Tensor | None  # [sum of slice ranks, in_features]: the group's A rows (None: not needed)
+    b_t: list[torch.Tensor | None]  # per slice: [rank, out_width] B^T rows, None when rank 0
+    ranks: list[int]
+    scales: list[float]
+
+
+def _rows(arena: torch.Tensor, offsets: list[int], width: int) -> torch.Tensor:
+    """``[len(offsets), width]`` rows starting at ``offsets``: a view when evenly spaced, else a gathered copy."""
+    first, n = offsets[0], len(offsets)
+    if offsets == list(range(first, first + n * width, width)):
+        return arena[first : first + n * width].view(n, width)
+    index = torch.tensor(offsets, device=arena.device)[:, None] + torch.arange(width, device=arena.device)
+    return arena[index]
+
+
+def _plan(
+    arena: torch.Tensor,
+    tables: LayerLoraTables,
+    group: SliceGroup,
+    segs: Segments,
+    in_features: int | None,
+    min_length: int = 1,
+) -> list[_SegmentPlan]:
+    """Per adapted segment of at least ``min_length`` tokens: its rows and views of its A and B^T matrices."""
+    slots, starts, lengths = segs.slots.tolist(), segs.starts.tolist(), segs.lengths.tolist()
+    used = [g for g in range(len(slots)) if slots[g] != NO_ADAPTER and lengths[g] >= min_length]
+    if not used:
+        return []
+    index = torch.tensor([slots[g] for g in used], device=tables.ranks.device)
+    projs = torch.tensor(group.projections, device=tables.ranks.device)
+    width = max(segs.max_rank, 1)
+    ranks = tables.ranks[index][:, projs].tolist()
+    scales = tables.scales[index][:, projs].tolist()
+    a_rows = tables.a_rows[index][:, projs, :width].tolist()
+    b_rows = tables.b_rows[index][:, projs, :width].tolist()
+    plans = []
+    for j, g in enumerate(used):
+        if not any(ranks[j]):
+            continue
+        if segs.token_index is None:
+            rows: slice | torch.Tensor = slice(starts[g], starts[g] + lengths[g])
+        else:
+            rows = segs.token_index[starts[g] : starts[g] + lengths[g]]
+        a_offsets = [off for s, r in enumerate(ranks[j]) for off in a_rows[j][s][:r]]
+        b_t = [_rows(arena, b_rows[j][s][:r], group.out_widths[s]) if r else None for s, r in enumerate(ranks[j])]
+        a = _rows(arena, a_offsets, in_features) if in_features is not None else None
+        plans.append(_SegmentPlan(rows, a, b_t, ranks[j], scales[j]))
+    return plans
+
+
+def _expand_segment(y: torch.Tensor, v: torch.Tensor, plan: _SegmentPlan, group: SliceGroup) -> None:
+    """``y[rows, slice] += scale * v[:, slice ranks] @ B^T`` for every slice of one segment."""
+    col = 0
+    in_place = isinstance(plan.rows, slice) and y.dtype == torch.float32
+    for s, rank in enumerate(plan.ranks):
+        if not rank:
+            continue
+        b_t, scale = plan.b_t[s], plan.scales[s]
+        offset, width = group.out_offsets[s], group.out_widths[s]
+        vs = v[:, col : col + rank]
+        col += rank
+        if in_place:
+            y[plan.rows, offset : offset + width].addmm_(vs, b_t, alpha=scale)
+        else:
+            delta = torch.mm(vs, b_t.float()).mul_(scale)
+            target = y[:, offset : offset + width]
+            if isinstance(plan.rows, slice):
+                target[plan.rows] = (target[plan.rows].float() + delta).to(y.dtype)
+            else:
+                target.index_put_((plan.rows,), (target[plan.rows].float() + delta).to(y.dtype))
+
+
+def _shrink_segment(x: torch.Tensor, plan: _SegmentPlan) -> torch.Tensor:
+    xs = x[plan.rows]
+    if xs.dtype == torch.float32 and plan.a.dtype == torch.float32:
+        return xs @ plan.a.t()
+    return xs.float() @ plan.a.float().t()
+
+
+def sgmv_shrink(
+    x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables, group: SliceGroup, segs: Segments
+) -> torch.Tensor:
+    """``v[t, s, :r] = x[t] @ A_s^T`` in fp32, ``[num_tokens, num_slices, segs.max_rank]``; zero elsewhere."""
+    v = torch.zeros(x.shape[0], group.num_slices, segs.max_rank, dtype=torch.float32, device=x.device)
+    for plan in _plan(arena, tables, group, segs, x.shape[1]):
+        vs = _shrink_segment(x, plan)
+        col = 0
+        for s, rank in enumerate(plan.ranks):
+            v[plan.rows, s, :rank] = vs[:, col : col + rank]
+            col += rank
+    return v
+
+
+def sgmv_expand(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    arena: torch.Tensor,
+    tables: LayerLoraTables,
+    group: SliceGroup,
+    segs: Segments,
+) -> None:
+    """``y[t, slice s] += scale_s * v[t, s, :r] @ B_s^T`` in place; untouched where there is no adapter."""
+    for plan in _plan(arena, tables, group, segs, None):
+        vs = torch.cat([v[plan.rows, s, :rank] for s, rank in enumerate(plan.ranks) if rank], dim=1)
+        _expand_segment(y, vs, plan, group)
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    arena: torch.Tensor,
+    tables: LayerLoraTables,
+    group: SliceGroup,
+    segs: Segments,
+) -> None:
+    """``y += scale * B(A x)`` for every slice of ``group``: one shrink matmul per segment, then the expands."""
+    if segs.max_rank == 0:
+        return
+    min_length = 1
+    lib = _c_library() if _c_eligible(y, x, arena, tables) else None
+    if lib is not None:
+        if min(segs.lengths.tolist(), default=0) <= SHORT_SEGMENT:
+            _add_lora_c(lib, y, x, arena, tables, group, segs)
+        min_length = SHORT_SEGMENT + 1
+    for plan in _plan(arena, tables, group, segs, x.shape[1], min_length):
+        _expand_segment(y, _shrink_segment(x, plan), plan, group)
+
+
+def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables) -> bool:
+    tensors = (y, x, arena, tables.ranks)
+    return (
+        all(t.device.type == "cpu" for t in tensors)
+        and y.dtype == x.dtype == arena.dtype == torch.float32
+        and y.stride(1) == 1
+        and x.stride(1) == 1
+        and tables.a_rows.stride(-1) == 1
+        and tables.a_rows.stride() == tables.b_rows.stride()
+        and tables.ranks.stride() == tables.scales.stride()
+    )
+
+
+def _add_lora_c(
+    lib: ctypes.CDLL,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    arena: torch.Tensor,
+    tables: LayerLoraTables,
+    group: SliceGroup,
+    segs: Segments,
+) -> None:
+    """Every segment of at most ``SHORT_SEGMENT`` tokens in one C call."""
+    use = (segs.lengths <= SHORT_SEGMENT).to(torch.int32)
+    workspace = torch.empty(SHORT_SEGMENT * max(segs.max_rank, 1), dtype=torch.float32)
+    index = segs.token_index
+    groups = ctypes.c_int64 * group.num_slices
+    lib.lora_segments(
+        x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), arena.data_ptr(), x.shape[1],
+        segs.num_segments, segs.starts.data_ptr(), segs.lengths.data_ptr(), segs.slots.data_ptr(), use.data_ptr(),
+        index.data_ptr() if index is not None else None, group.num_slices,
+        groups(*group.projections), groups(*group.out_offsets), groups(*group.out_widths),
+        tables.a_rows.data_ptr(), tables.b_rows.data_ptr(), tables.a_rows.stride(0), tables.a_rows.stride(1),
+        tables.ranks.data_ptr(), tables.scales.data_ptr(), tables.ranks.stride(0), tables.ranks.stride(1),
+        workspace.data_ptr(),
+    )  # fmt: skip
+
+
+def _c_attention_eligible(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor
+) -> bool:
+    head_dim = q.shape[2]
+    return (
+        all(t.device.type == "cpu" for t in (q, k_cache, v_cache, block_tables, lens))
+        and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and k_cache.stride() == v_cache.stride()
+        and k_cache.stride(3) == 1
+        and k_cache.stride(2) == head_dim
+        and block_tables.dtype == lens.dtype == torch.int32
+        and block_tables.stride(1) == 1
+        and lens.is_contiguous()
+    )
+
+
+@functools.cache
+def _c_library() -> ctypes.CDLL | None:
+    """The compiled C loop, built on first use into a per-machine cache; None when it cannot be built."""
+    if os.environ.get("LORAPLEX_CPU_SGMV", "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    source = Path(__file__).with_name("cpu_sgmv.c")
+    if compiler is None or not source.is_file():
+        return None
+    cpu = platform.machine() + platform.processor()
+    with contextlib.suppress(OSError, IndexError):
+        cpu += Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    key = hashlib.sha256(source.read_bytes() + " ".join(C_FLAGS).encode() + cpu.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("LORAPLEX_KERNEL_CACHE", Path.home() / ".cache" / "loraplex" / "kernels"))
+    target = cache / f"cpu_sgmv-{key}.so"
+    try:
+        if not target.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                built = Path(tmp) / target.name
+                command = [compiler, *C_FLAGS, str(source), "-o", str(built), *C_LIBS]
+                subprocess.run(command, check=True, capture_output=True)
+                os.replace(built, target)  # atomic: concurrent builders race harmlessly
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        log.warning("CPU SGMV loop unavailable (%s); using torch ops for every segment", exc)
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.lora_segments.restype = None
+    lib.lora_segments.argtypes = [
+        ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr,
+        i64, i64, ptr,
+    ]  # fmt: skip
+    f32 = ctypes.c_float
+    lib.paged_attention_decode.restype = None
+    lib.paged_attention_decode.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        f32,
+        ptr,
+        ptr,
+    ]
+    return lib
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence over its first ``context_lens[b]`` cached tokens (GQA aware).
+
+    Pages of the whole batch are gathered once (up to the longest context), then one masked
+    batched softmax-attention runs for all sequences.
+    """
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if batch == 0:
+        return torch.empty_like(q)
+    lib = _c_library() if _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens) else None
+    if lib is not None:
+        # The C loop trusts its indices: check them here, where a bad table raises instead of crashing.
+        if int(context_lens.max()) > block_tables.shape[1] * block_size or int(block_tables.max()) >= k_cache.shape[0]:
+            raise ValueError("context_lens or block_tables point outside the KV cache")
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        scratch = torch.empty(int(context_lens.max()) * (num_heads // num_kv_heads), dtype=torch.float32)
+        lib.paged_attention_decode(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+            block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
+            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(),
+        )  # fmt: skip
+        return out
+    max_len = int(context_lens.max())
+    num_blocks = -(-max_len // block_size)
+    pages = block_tables[:, :num_blocks].long()
+    keys = k_cache[pages].view(batch, num_blocks * block_size, num_kv_heads, head_dim)
+    values = v_cache[pages].view(batch, num_blocks * block_size, num_kv_heads, head_dim)
+    positions = torch.arange(num_blocks * block_size, device=q.device)
+    mask = (positions[None, :] < context_lens[:, None].to(positions.dtype))[:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float().unsqueeze(2),
+        keys.float().transpose(1, 2),
+        values.float().transpose(1, 2),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    out = out.squeeze(2)
+    empty = context_lens == 0
+    if bool(empty.any()):  # nothing to attend to: zeros, as the reference (softmax of nothing is NaN)
+        out[empty.to(out.device)] = 0
+    return out.to(q.dtype)

@@ -1,0 +1,34 @@
+"""Pieces shared by the Triton kernels: an interpreter-safe ``tl.dot`` and launch checks."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.configs import interpreting
+
+
+@triton.jit
+def dot(a, b, INTERPRET: tl.constexpr):
+    """``a @ b`` accumulated in fp32; ``ieee`` keeps fp32 operands off TF32 (ignored for 16-bit)."""
+    if INTERPRET:
+        # The interpreter multiplies bf16 as its raw uint16 bits; widening keeps the values exact.
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+def check_launchable(*tensors: torch.Tensor) -> bool:
+    """Raise unless every tensor can reach a Triton kernel; return whether the interpreter runs it."""
+    interpret = interpreting()
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"kernel inputs must share one device, got {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type != "cuda" and not interpret:
+        raise RuntimeError(
+            f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 before triton is "
+            "imported to run them on CPU, or use LORAPLEX_KERNELS=torch"
+        )
+    return interpret
