@@ -11,11 +11,11 @@ from pathlib import Path
 # 2-core machine, and must be limited before numpy is first imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from core.local_services import EmbeddedRedis, start_redis  # noqa: E402
-from tests.services import S3Service, start_seaweed_s3  # noqa: E402
+from core.local_services import EmbeddedRedis, start_redis
+from tests.services import S3Service, start_seaweed_s3
 
 # Triton reads TRITON_INTERPRET when it is first imported, so this must run before any test module
 # imports triton. Without a GPU the interpreter is the only way to run the Triton kernels.
