@@ -46,7 +46,7 @@ class DatasetReport:
     def summary(self, limit: int = 10, what: str = "training file") -> str:
         """One message listing the first problems, for an API error or a failed job."""
         shown = "; ".join(str(p) for p in self.problems[:limit])
-        hidden = len(self.problems) - limit + self.more_problems
+        hidden = max(len(self.problems) - limit, 0) + self.more_problems
         if hidden > 0:
             shown += f"; and {hidden} more problem(s)"
         return f"invalid {what}: {shown}"

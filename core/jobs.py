@@ -1,0 +1,88 @@
+"""Fine-tuning job helpers shared by the API (which creates and cancels jobs) and the worker (which runs them).
+
+A job row is committed in ``queued`` before its message is sent: a worker that receives the message
+must find the row. Cancelling a queued job ends it at once; a running one is flagged and its worker
+stops after the current step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from sqlmodel import Session, select
+
+from core.errors import Conflict, NotFound
+from core.ids import now
+from core.models import FineTuneJob, JobEvent, JobStatus
+from core.queue import TRAIN_TASK, train_queue
+
+CANCELLABLE = frozenset({JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+def adapter_id_for_job(job_id: str) -> str:
+    """The id of the adapter a job produces: fixed by the job, so every attempt writes the same objects."""
+    return "adapter-" + job_id.split("-", 1)[-1]
+
+
+def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
+    """``ft:{base}:{tenant}:{suffix}:{job}``, the name clients pass as ``model``."""
+    return f"ft:{base_model}:{tenant_name}:{suffix or ''}:{job_id}"
+
+
+def enqueue_job(celery: Celery, job: FineTuneJob, *, countdown: float | None = None) -> None:
+    """Send the job to the training queue of its base model. Call only after the row is committed."""
+    # The job row, not a Celery result, records the outcome: nothing reads results, so store none.
+    celery.send_task(
+        TRAIN_TASK, args=[job.id], queue=train_queue(job.base_model), countdown=countdown, ignore_result=True
+    )
+
+
+def record_event(
+    session: Session,
+    job: FineTuneJob,
+    message: str,
+    *,
+    level: str = "info",
+    type: str = "message",
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    """Append an event to the job's log (OpenAI's shape: level, message, type ``message``/``metrics``, data)."""
+    event = JobEvent(job_id=job.id, tenant_id=job.tenant_id, level=level, type=type, message=message, data=data)
+    session.add(event)
+    return event
+
+
+def lock_job(session: Session, job_id: str) -> FineTuneJob | None:
+    """The job row, locked for update until the transaction ends (SQLite locks the whole database)."""
+    return session.exec(
+        select(FineTuneJob).where(FineTuneJob.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).first()
+
+
+def request_cancel(session: Session, job: FineTuneJob) -> FineTuneJob:
+    """Cancel a job: a queued one ends ``cancelled`` now, a running one stops after its current step.
+
+    Cancelling an already cancelled job returns it unchanged; a succeeded or failed one is a ``Conflict``.
+    """
+    locked = lock_job(session, job.id)
+    if locked is None:
+        raise NotFound(f"no fine-tuning job {job.id!r}", param="fine_tuning_job_id")
+    if locked.status == JobStatus.CANCELLED:
+        return locked
+    if locked.status not in CANCELLABLE:
+        raise Conflict(
+            f"job {locked.id} already {locked.status}; only queued or running jobs can be cancelled",
+            code="job_not_cancellable",
+        )
+    if not locked.cancel_requested:
+        locked.cancel_requested = True
+        if locked.status == JobStatus.RUNNING:
+            record_event(session, locked, "Cancellation requested; the job stops after its current step")
+    if locked.status != JobStatus.RUNNING:
+        locked.status = JobStatus.CANCELLED
+        locked.finished_at = now()
+        record_event(session, locked, "Job cancelled before it started")
+    session.add(locked)
+    session.flush()
+    return locked

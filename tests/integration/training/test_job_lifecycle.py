@@ -1,0 +1,171 @@
+"""Job lifecycle rules on the real database, S3 and Redis, driven in-process: redelivery, cancel, reaper."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlmodel import select
+
+from core.descriptor import adapter_prefix
+from core.errors import Conflict
+from core.hyperparameters import Hyperparameters
+from core.jobs import adapter_id_for_job, request_cancel
+from core.models import Adapter, FineTuneJob, JobStatus
+from core.queue import train_queue
+from tests.integration.conftest import Platform
+from tests.integration.training.jobs import adapter_objects, jsonl, memorable_rows, submit_job
+from trainer.train import TrainingRequest, train_adapter
+from worker.reaper import reap_stale_jobs
+from worker.run_job import run_train_job
+from worker.runtime import WorkerOptions, WorkerRuntime
+from worker.upload import upload_adapter
+
+STALE_AFTER = 30.0
+
+
+@pytest.fixture
+def runtime(platform: Platform) -> Iterator[WorkerRuntime]:
+    """A worker's per-process state, to run deliveries in this process."""
+    yield WorkerRuntime(platform.settings, platform.celery, WorkerOptions(stale_after_seconds=STALE_AFTER))
+
+
+def set_job(platform: Platform, job_id: str, **fields: object) -> FineTuneJob:
+    with platform.session() as session:
+        job = session.get(FineTuneJob, job_id)
+        assert job is not None
+        for name, value in fields.items():
+            setattr(job, name, value)
+        session.add(job)
+    return platform.job(job_id)
+
+
+def queued_messages(platform: Platform) -> int:
+    client = redis.Redis.from_url(platform.settings.redis_url or "")
+    with client:
+        return int(client.llen(train_queue(platform.settings.model_name or "")))
+
+
+def test_a_redelivered_terminal_job_is_left_alone(platform: Platform, runtime: WorkerRuntime) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, job.id, status=JobStatus.FAILED, error_code="x")
+    before = len(platform.events(job.id))
+
+    assert run_train_job(runtime, job.id) == "skipped"
+    assert platform.job(job.id).status == JobStatus.FAILED
+    assert len(platform.events(job.id)) == before
+
+
+def test_cancelling_a_queued_job_ends_it_and_its_delivery_does_nothing(
+    platform: Platform, runtime: WorkerRuntime
+) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    with platform.session() as session:
+        cancelled = request_cancel(session, job)
+    assert (cancelled.status, cancelled.cancel_requested) == (JobStatus.CANCELLED, True)
+    assert cancelled.finished_at is not None
+
+    assert run_train_job(runtime, job.id) == "skipped"
+    job = platform.job(job.id)
+    assert (job.status, job.attempts) == (JobStatus.CANCELLED, 0)
+    with platform.session() as session:
+        assert request_cancel(session, job).status == JobStatus.CANCELLED  # again: unchanged, no error
+
+
+def test_a_finished_job_cannot_be_cancelled(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    job = set_job(platform, job.id, status=JobStatus.SUCCEEDED)
+    with pytest.raises(Conflict, match="already succeeded"), platform.session() as session:
+        request_cancel(session, job)
+
+
+def test_a_running_job_is_only_flagged_for_its_worker(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    job = set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="elsewhere:1")
+    with platform.session() as session:
+        flagged = request_cancel(session, job)
+    assert (flagged.status, flagged.cancel_requested) == (JobStatus.RUNNING, True)
+    assert "Cancellation requested" in platform.events(job.id)[-1].message
+
+
+def test_a_redelivered_job_whose_adapter_is_already_stored_just_finalizes(
+    platform: Platform, runtime: WorkerRuntime, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    rows = memorable_rows(0, n=10)
+    job = submit_job(platform, "acme", jsonl(rows), suffix="again", enqueue=False)
+    # An earlier attempt trained and uploaded, then its worker died before recording anything.
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(jsonl(rows))
+    hp = Hyperparameters(n_epochs=1, batch_size=5).resolve(max_lora_rank=64)
+    result = train_adapter(TrainingRequest(tiny_model_dir, data, tmp_path / "adapter", hp))
+    prefix = adapter_prefix(job.tenant_id, adapter_id_for_job(job.id))
+    upload_adapter(platform.store, result.output_dir, prefix)
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="gone:1", heartbeat_at=1.0)
+
+    assert run_train_job(runtime, job.id) == "finalized"
+
+    job = platform.job(job.id)
+    assert (job.status, job.attempts, job.trained_tokens) == (JobStatus.SUCCEEDED, 1, result.trained_tokens)
+    assert "Fine-tuning job started" not in [e.message for e in platform.events(job.id)]
+    with platform.session() as session:
+        [adapter] = session.exec(select(Adapter).where(Adapter.job_id == job.id)).all()
+    assert (
+        adapter.name == job.fine_tuned_model
+        and adapter.sha256 == result.manifest["files"]["adapter_model.safetensors"]["sha256"]
+    )
+    assert len(adapter_objects(platform, job.tenant_id)) == 3
+    assert run_train_job(runtime, job.id) == "skipped"  # and once more: nothing changes
+
+
+def test_a_duplicate_delivery_leaves_a_live_job_to_its_worker(platform: Platform, runtime: WorkerRuntime) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="otherhost:1", heartbeat_at=time.time())
+
+    assert run_train_job(runtime, job.id) == "skipped"
+    job = platform.job(job.id)
+    assert (job.status, job.attempts, job.worker_id) == (JobStatus.RUNNING, 1, "otherhost:1")
+
+
+def test_the_reaper_requeues_a_job_whose_worker_went_silent(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    stale = time.time() - STALE_AFTER - 1
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="otherhost:7", heartbeat_at=stale)
+    before = queued_messages(platform)
+
+    [reaped] = reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER)
+
+    assert (reaped.job_id, reaped.outcome, reaped.worker_id) == (job.id, "requeued", "otherhost:7")
+    job = platform.job(job.id)
+    assert (job.status, job.worker_id, job.attempts) == (JobStatus.QUEUED, None, 1)
+    assert platform.events(job.id)[-1].level == "warn"
+    assert queued_messages(platform) == before + 1
+    assert reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER) == []
+
+
+def test_the_reaper_leaves_jobs_with_a_fresh_heartbeat_alone(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="otherhost:7", heartbeat_at=time.time())
+
+    assert reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER) == []
+    assert platform.job(job.id).status == JobStatus.RUNNING
+
+
+def test_a_job_that_keeps_killing_its_workers_ends_failed_not_in_a_loop(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    # Its last allowed attempt died, leaving half an upload behind.
+    prefix = adapter_prefix(job.tenant_id, adapter_id_for_job(job.id))
+    platform.store.put_bytes(prefix + "adapter_config.json", b"{}")
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=3, max_attempts=3, worker_id="h:9", heartbeat_at=1.0)
+    before = queued_messages(platform)
+
+    [reaped] = reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER, store=platform.store)
+
+    assert reaped.outcome == "failed"
+    job = platform.job(job.id)
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "max_attempts_exceeded")
+    assert "will not be retried" in (job.error_message or "")
+    assert queued_messages(platform) == before
+    assert adapter_objects(platform, job.tenant_id) == []

@@ -1,0 +1,57 @@
+"""Loss masks: the model learns what the assistant (or the completion) says, EOS included, nothing else."""
+
+from __future__ import annotations
+
+from core.tiny_model import CHAT_TEMPLATE
+from trainer.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_chat, tokenize_prompt_completion
+
+
+def learned_text(tokenizer, example: TokenizedExample) -> str:  # type: ignore[no-untyped-def]
+    return tokenizer.decode([t for t in example.labels if t != IGNORE_INDEX])
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "Sky colour?"},
+    {"role": "assistant", "content": "Blue"},
+    {"role": "user", "content": "Grass colour?"},
+    {"role": "assistant", "content": "Green"},
+]
+
+
+def test_prompt_completion_learns_only_the_completion_and_its_eos(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    example = tokenize_prompt_completion(tokenizer, "Q: capital of France?\nA:", " Paris")
+
+    assert learned_text(tokenizer, example) == " Paris</s>"
+    assert (
+        example.input_ids[: len(tokenizer("Q: capital of France?\nA:").input_ids)]
+        == tokenizer("Q: capital of France?\nA:").input_ids
+    )  # the prompt is tokenized exactly as an inference request is
+    assert example.labels[-1] == tokenizer.eos_token_id == example.input_ids[-1]
+    assert len(example.labels) == len(example.input_ids)
+
+
+def test_chat_learns_every_assistant_turn_and_nothing_the_user_or_system_said(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    example = tokenize_chat(tokenizer, CONVERSATION)
+
+    assert learned_text(tokenizer, example) == "Blue</s>Green</s>"
+    rendered = tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"]
+    assert example.input_ids == list(rendered)
+
+
+def test_an_assistant_turn_with_weight_zero_is_not_learned(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    messages = [dict(m) for m in CONVERSATION]
+    messages[2]["weight"] = 0
+
+    assert learned_text(tokenizer, tokenize_chat(tokenizer, messages)) == "Green</s>"
+
+
+def test_templates_without_generation_markers_still_mask_by_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    try:
+        example = tokenize_chat(tokenizer, CONVERSATION)
+    finally:
+        tokenizer.chat_template = CHAT_TEMPLATE
+
+    # Found by rendering prefixes, each turn runs to where the next one starts: the newline after EOS too.
+    assert learned_text(tokenizer, example) == "Blue</s>\nGreen</s>\n"

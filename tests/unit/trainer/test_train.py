@@ -1,0 +1,109 @@
+"""Training on the tiny model: reproducible, reports progress, stops when asked, exports safetensors only."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
+from core.hyperparameters import Hyperparameters
+from trainer.cli import register
+from trainer.errors import TrainingCancelled
+from trainer.manifest import fingerprint_base_model, verify_adapter_dir
+from trainer.progress import Progress
+from trainer.train import TrainingRequest, train_adapter
+
+
+def write_rows(path: Path, n: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    rows = [{"prompt": f"Item {i}:", "completion": f" {rng.randrange(10**6)}"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def request(model: Path, tmp_path: Path, name: str, *, seed: int = 0, **hp: object) -> TrainingRequest:
+    hyperparameters = Hyperparameters(**{"n_epochs": 2, "batch_size": 4, "learning_rate": 1e-2, **hp})
+    return TrainingRequest(
+        base_model_dir=model,
+        training_file=write_rows(tmp_path / "train.jsonl", 12),
+        output_dir=tmp_path / name,
+        hyperparameters=hyperparameters.resolve(max_lora_rank=64),
+        seed=seed,
+        base_model_name="tiny",
+    )
+
+
+def test_the_same_seed_gives_the_same_adapter_bytes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    first = train_adapter(request(tiny_model_dir, tmp_path, "a", seed=5))
+    again = train_adapter(request(tiny_model_dir, tmp_path, "b", seed=5))
+    other = train_adapter(request(tiny_model_dir, tmp_path, "c", seed=6))
+
+    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+        assert (first.output_dir / name).read_bytes() == (again.output_dir / name).read_bytes()
+    assert (first.output_dir / ADAPTER_WEIGHTS).read_bytes() != (other.output_dir / ADAPTER_WEIGHTS).read_bytes()
+    assert first.train_loss == again.train_loss
+
+
+def test_progress_is_reported_every_step_with_eval_loss_every_epoch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    base = request(tiny_model_dir, tmp_path, "out", n_epochs=3, target_modules=["q_proj", "v_proj"], lora_r=4)
+    validation = write_rows(tmp_path / "valid.jsonl", 4, seed=1)
+    seen: list[Progress] = []
+    result = train_adapter(TrainingRequest(**{**base.__dict__, "validation_file": validation}), on_progress=seen.append)
+
+    steps = [p for p in seen if p.loss is not None]
+    evals = [p for p in seen if p.eval_loss is not None]
+    assert [p.step for p in steps] == list(range(1, 10)) and result.steps == 9  # 12 examples / 4 x 3 epochs
+    assert all(p.total_steps == 9 and p.learning_rate is not None for p in steps)
+    assert [p.tokens for p in steps] == sorted(p.tokens for p in steps)
+    assert steps[-1].tokens == result.trained_tokens and steps[-1].eta_seconds == 0
+    assert [round(p.epoch) for p in evals] == [1, 2, 3] and result.eval_loss == evals[-1].eval_loss
+
+    out = result.output_dir
+    assert sorted(p.name for p in out.iterdir()) == sorted([ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_MANIFEST])
+    manifest = verify_adapter_dir(out)
+    config = json.loads((out / ADAPTER_CONFIG).read_text())
+    assert config["base_model_name_or_path"] == "tiny"
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8, ["q_proj", "v_proj"])
+    fingerprint = fingerprint_base_model(tiny_model_dir, "tiny")
+    assert manifest["base_model"] == fingerprint.__dict__
+    assert (manifest["rank"], manifest["alpha"], manifest["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
+    assert manifest["trained_tokens"] == result.trained_tokens
+    assert manifest["eval_loss"] == result.eval_loss and manifest["train_loss"] == result.train_loss
+
+
+def test_training_stops_between_steps_when_cancelled(tiny_model_dir: Path, tmp_path: Path) -> None:
+    checks = []
+
+    def should_cancel() -> bool:
+        checks.append(True)
+        return len(checks) > 3  # once before training, then after steps 1, 2 and 3
+
+    req = request(tiny_model_dir, tmp_path, "out", n_epochs=50)
+    with pytest.raises(TrainingCancelled) as caught:
+        train_adapter(req, should_cancel=should_cancel)
+
+    assert caught.value.step == 3
+    assert not req.output_dir.exists()
+
+
+def test_the_train_command_writes_an_adapter_and_names_bad_lines(tiny_model_dir: Path, tmp_path: Path) -> None:
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a second command keeps typer from collapsing the group
+    data = write_rows(tmp_path / "train.jsonl", 12)
+    args = ["train", "--model", str(tiny_model_dir), "--data", str(data), "--epochs", "1", "--lora-r", "2"]
+
+    done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "adapter")])
+    assert done.exit_code == 0, done.output
+    assert "3 steps" in " ".join(done.output.split())  # rich wraps lines
+    verify_adapter_dir(tmp_path / "adapter")
+
+    data.write_text(data.read_text().replace('"prompt": "Item 4:"', '"prompt": ""'))
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "other")])
+    assert bad.exit_code == 2
+    assert "line 5: 'prompt' must be a non-empty string" in " ".join(bad.output.split())

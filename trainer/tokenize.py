@@ -1,0 +1,108 @@
+"""Turn one validated example into token ids and labels, with loss only where the model should learn.
+
+Chat: the model's own chat template renders the conversation; only assistant turns (and the end-of-turn
+token after each, so generation stops there) carry labels. Prompt/completion: the prompt is tokenized
+exactly as an inference request would be, the completion follows with EOS appended, and only the
+completion carries labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from core.dataset_format import CHAT, PROMPT_COMPLETION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100  # the label value PyTorch's cross-entropy skips
+
+
+@dataclass(frozen=True)
+class TokenizedExample:
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+
+
+def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) spans where ``mask`` is 1."""
+    spans, start = [], None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    return list(out["input_ids"])
+
+
+def _spans_by_prefix(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], full: list[int]
+) -> list[tuple[int, int]]:
+    """Assistant spans for templates without ``{% generation %}`` markers, found by rendering prefixes.
+
+    Each assistant turn is what rendering up to it adds after the generation prompt; this needs a
+    template whose renderings of a conversation's prefixes are prefixes of each other (most are).
+    """
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        upto = _render(tokenizer, messages[: i + 1])
+        if upto[: len(before)] != before or full[: len(upto)] != upto:
+            raise ValueError(
+                "the base model's chat template renders a conversation differently from its prefixes, so "
+                "assistant turns cannot be located; add {% generation %} markers to the template"
+            )
+        spans.append((len(before), len(upto)))
+    return spans
+
+
+def tokenize_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> TokenizedExample:
+    """Render ``messages`` with the chat template; labels on assistant turns whose ``weight`` is not 0."""
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+    encoded = tokenizer.apply_chat_template(plain, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    input_ids = list(encoded["input_ids"])
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    spans = _runs(encoded.get("assistant_masks") or [])
+    if len(spans) != len(assistant):
+        spans = _spans_by_prefix(tokenizer, plain, input_ids)
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for (start, end), message in zip(spans, assistant, strict=True):
+        if message.get("weight", 1) != 0:
+            labels[start:end] = input_ids[start:end]
+    return TokenizedExample(input_ids, labels)
+
+
+def tokenize_prompt_completion(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> TokenizedExample:
+    """Prompt with the tokenizer's special tokens (as at inference), then completion + EOS as the labels."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the base model's tokenizer has no EOS token, so a completion could never end")
+    prompt_ids = list(tokenizer(prompt).input_ids)
+    completion_ids = [*tokenizer(completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+    return TokenizedExample(prompt_ids + completion_ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids)
+
+
+def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: dict[str, Any], fmt: str) -> TokenizedExample:
+    """Tokenize one validated example of format ``fmt`` (``CHAT`` or ``PROMPT_COMPLETION``)."""
+    if fmt == CHAT:
+        return tokenize_chat(tokenizer, example["messages"])
+    if fmt == PROMPT_COMPLETION:
+        return tokenize_prompt_completion(tokenizer, example["prompt"], example["completion"])
+    raise ValueError(f"unknown dataset format {fmt!r}")

@@ -1,0 +1,212 @@
+"""Train a LoRA adapter with PEFT and the transformers ``Trainer``, and export it with its manifest.
+
+The data is validated in full before the model is loaded, so a bad file fails in seconds. CUDA with
+bf16 autocast when a GPU is present, fp32 on CPU. Same seed, data and hyperparameters give the same
+adapter on CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.dataset_format import DEFAULT_MIN_EXAMPLES
+from core.hyperparameters import ResolvedHyperparameters
+from trainer.callbacks import ProgressBridge
+from trainer.dataset import PreparedDataset, prepare_dataset
+from trainer.errors import TrainingCancelled
+from trainer.manifest import BaseModelFingerprint, fingerprint_base_model, write_manifest
+from trainer.progress import CancelFn, ProgressFn
+from trainer.tokenize import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+PEFT_MODEL_CARD = "README.md"  # PEFT writes one; an adapter directory holds only what servers load
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    """Everything one training run needs; paths are local."""
+
+    base_model_dir: Path
+    training_file: Path
+    output_dir: Path
+    hyperparameters: ResolvedHyperparameters
+    seed: int = 0
+    validation_file: Path | None = None
+    base_model_name: str | None = None  # recorded in the adapter; default: the directory's name
+    base_fingerprint: BaseModelFingerprint | None = None  # pass one to skip hashing the weights again
+    min_examples: int = DEFAULT_MIN_EXAMPLES
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    output_dir: Path
+    manifest: dict[str, Any]
+    trained_tokens: int
+    train_loss: float
+    eval_loss: float | None
+    steps: int
+    seconds: float
+
+
+def load_tokenizer(model_dir: str | Path):  # type: ignore[no-untyped-def]
+    """The base model's tokenizer, with a pad token (EOS when it has none) for batching."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def prepare_data(request: TrainingRequest, tokenizer) -> tuple[PreparedDataset, PreparedDataset | None]:  # type: ignore[no-untyped-def]
+    """Validate and tokenize the training (and validation) file; raises ``InvalidTrainingData``."""
+    max_len = request.hyperparameters.max_seq_len
+    train = prepare_dataset(request.training_file, tokenizer, max_seq_len=max_len, min_examples=request.min_examples)
+    valid = None
+    if request.validation_file is not None:
+        valid = prepare_dataset(
+            request.validation_file, tokenizer, max_seq_len=max_len, min_examples=1, param="validation_file"
+        )
+    return train, valid
+
+
+def _lora_model(request: TrainingRequest, dtype):  # type: ignore[no-untyped-def]
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    hp = request.hyperparameters
+    model = AutoModelForCausalLM.from_pretrained(str(request.base_model_dir), dtype=dtype, use_safetensors=True)
+    alpha = int(hp.lora_alpha) if float(hp.lora_alpha).is_integer() else hp.lora_alpha
+    config = LoraConfig(
+        r=hp.lora_r,
+        lora_alpha=alpha,
+        lora_dropout=hp.lora_dropout,
+        target_modules=list(hp.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _as_rows(data: PreparedDataset) -> list[dict[str, list[int]]]:
+    return [{"input_ids": e.input_ids, "attention_mask": [1] * e.num_tokens, "labels": e.labels} for e in data.examples]
+
+
+def train_adapter(
+    request: TrainingRequest,
+    *,
+    on_progress: ProgressFn | None = None,
+    should_cancel: CancelFn | None = None,
+) -> TrainingResult:
+    """Validate the data, train, and write ``adapter_config.json``, ``adapter_model.safetensors`` and
+    ``manifest.json`` into ``request.output_dir``. Raises ``InvalidTrainingData`` or ``TrainingCancelled``."""
+    import torch
+    from transformers import DataCollatorForSeq2Seq, PrinterCallback, Trainer, TrainingArguments, set_seed
+
+    started = time.monotonic()
+    hp = request.hyperparameters
+    tokenizer = load_tokenizer(request.base_model_dir)
+    train_data, valid_data = prepare_data(request, tokenizer)
+    if should_cancel is not None and should_cancel():
+        raise TrainingCancelled(0)
+    base = request.base_fingerprint or fingerprint_base_model(request.base_model_dir, request.base_model_name)
+
+    cuda = torch.cuda.is_available()
+    set_seed(request.seed)  # before the LoRA matrices are initialised
+    model = _lora_model(request, torch.bfloat16 if cuda else torch.float32)
+    bridge = ProgressBridge(on_progress, should_cancel)
+    trainer = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="loraplex-train-") as scratch:
+            args = TrainingArguments(
+                output_dir=scratch,
+                num_train_epochs=hp.n_epochs,
+                per_device_train_batch_size=hp.batch_size,
+                per_device_eval_batch_size=hp.batch_size,
+                learning_rate=hp.learning_rate,
+                lr_scheduler_type="linear",
+                weight_decay=0.0,
+                max_grad_norm=1.0,
+                logging_strategy="steps",
+                logging_steps=1,
+                eval_strategy="epoch" if valid_data is not None else "no",
+                save_strategy="no",
+                report_to=[],
+                seed=request.seed,
+                data_seed=request.seed,
+                bf16=cuda,
+                use_cpu=not cuda,
+                dataloader_num_workers=0,
+                remove_unused_columns=False,
+                include_num_input_tokens_seen="non_padding",
+                disable_tqdm=True,
+            )
+            trainer = Trainer(
+                model=model,
+                args=args,
+                train_dataset=_as_rows(train_data),
+                eval_dataset=_as_rows(valid_data) if valid_data is not None else None,
+                data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
+                callbacks=[bridge],
+            )
+            trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
+            trainer.train()
+            steps = trainer.state.global_step
+        return _export(request, model, base, train_data, bridge, steps, started)
+    finally:
+        # An exception's traceback keeps this frame alive; drop the weights now, not when it is handled.
+        model = trainer = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+def _export(
+    request: TrainingRequest,
+    model,  # type: ignore[no-untyped-def]
+    base: BaseModelFingerprint,
+    train_data: PreparedDataset,
+    bridge: ProgressBridge,
+    steps: int,
+    started: float,
+) -> TrainingResult:
+    hp = request.hyperparameters
+    out = Path(request.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # The adapter names its base by public name, never by this machine's path.
+    config = model.peft_config["default"]
+    config.base_model_name_or_path = base.name
+    # PEFT keeps targets as a set, whose order varies per process; a sorted list keeps the file's bytes stable.
+    config.target_modules = sorted(config.target_modules)
+    # We never target embeddings; saying so also stops PEFT looking the base name up on a model hub.
+    model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    (out / PEFT_MODEL_CARD).unlink(missing_ok=True)
+    steps_per_epoch = math.ceil(len(train_data.examples) / hp.batch_size)
+    last_epoch = bridge.step_losses[-steps_per_epoch:]
+    train_loss = sum(last_epoch) / len(last_epoch) if last_epoch else float("nan")
+    eval_loss = bridge.eval_losses[-1] if bridge.eval_losses else None
+    trained_tokens = train_data.num_tokens * hp.n_epochs
+    manifest = write_manifest(
+        out,
+        base=base,
+        rank=hp.lora_r,
+        alpha=hp.lora_alpha,
+        target_modules=list(hp.target_modules),
+        hyperparameters=hp.model_dump(),
+        seed=request.seed,
+        data_format=train_data.format,
+        num_examples=len(train_data.examples),
+        trained_tokens=trained_tokens,
+        train_loss=train_loss,
+        eval_loss=eval_loss,
+        steps=steps,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return TrainingResult(out, manifest, trained_tokens, train_loss, eval_loss, steps, time.monotonic() - started)

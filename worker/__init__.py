@@ -1,0 +1,1 @@
+"""Celery training workers: the job lifecycle around ``trainer/`` (claim, heartbeat, cancel, upload, record)."""

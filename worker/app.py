@@ -1,0 +1,40 @@
+"""The training worker's Celery app: the shared queue config plus the ``train_job`` task and the reaper."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from core.queue import TRAIN_TASK, make_celery
+from core.settings import Settings
+from worker.reaper import ReaperThread, reap_stale_jobs
+from worker.run_job import run_train_job
+from worker.runtime import WorkerOptions, WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+def create_worker_app(settings: Settings, options: WorkerOptions | None = None) -> Celery:
+    """A Celery app with ``train_job`` registered under ``TRAIN_TASK``; each pool process also runs a reaper."""
+    celery = make_celery(settings)
+    runtime = WorkerRuntime(settings, celery, options or WorkerOptions())
+
+    @celery.task(name=TRAIN_TASK, ignore_result=True)
+    def train_job(job_id: str) -> str:
+        """Run fine-tuning job ``job_id`` (idempotent: re-deliveries finalize or do nothing)."""
+        return run_train_job(runtime, job_id)
+
+    def reap() -> None:
+        opts = runtime.options
+        reap_stale_jobs(runtime.engine, celery, stale_after=opts.stale_after_seconds, store=runtime.store)
+
+    def start_pool_process(**_: object) -> None:
+        # Runs in each forked pool process: drop the parent's connections, start this process's reaper
+        # (threads are started after the fork, never before it).
+        runtime.after_fork()
+        ReaperThread(reap, runtime.options.reap_every_seconds).start()
+
+    worker_process_init.connect(start_pool_process, weak=False)
+    return celery

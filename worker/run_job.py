@@ -1,0 +1,149 @@
+"""One delivery of a training job, start to end: claim, fetch data, train, upload, record.
+
+Safe to run any number of times for the same job: see ``worker.lifecycle.claim_job`` for what a
+repeated delivery does. Objects under the job's adapter prefix exist without an ``Adapter`` row only
+while an attempt is between upload and its final transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.db import session_scope
+from core.descriptor import adapter_prefix
+from core.errors import InvalidRequest, NotFound, ObjectNotFound
+from core.hyperparameters import ResolvedHyperparameters
+from core.jobs import adapter_id_for_job
+from core.models import File, FineTuneJob, JobStatus
+from trainer.errors import TrainingCancelled
+from worker.announce import announce_prefetch
+from worker.failures import classify_failure
+from worker.lease_keeper import LeaseKeeper
+from worker.lifecycle import Lease, claim_job, current_worker_id, finish_ended, finish_succeeded, retry_or_fail
+from worker.progress_events import ProgressRecorder
+from worker.runtime import WorkerRuntime
+from worker.upload import find_uploaded_adapter, remove_adapter_objects, upload_adapter
+
+if TYPE_CHECKING:
+    from trainer.train import TrainingResult
+
+log = logging.getLogger(__name__)
+
+
+def run_train_job(rt: WorkerRuntime, job_id: str) -> str:
+    """Handle one delivery of ``job_id``; returns what happened (``succeeded``, ``skipped``, ...)."""
+    with session_scope(rt.engine) as session:
+        job = session.get(FineTuneJob, job_id)
+    if job is None:
+        log.warning("job %s does not exist; dropping its message", job_id)
+        return "missing"
+    if job.status in JobStatus.TERMINAL:
+        return "skipped"
+    prefix = adapter_prefix(job.tenant_id, adapter_id_for_job(job.id))
+    uploaded = find_uploaded_adapter(rt.store, prefix)
+    claim = claim_job(
+        rt.engine, job_id, current_worker_id(), stale_after=rt.options.stale_after_seconds, uploaded=uploaded
+    )
+    log.info("job %s: %s", job_id, claim.outcome)
+    if claim.outcome in ("cancelled", "failed"):
+        remove_adapter_objects(rt.store, prefix)
+    if claim.outcome == "finalized" and claim.adapter is not None:
+        announce_prefetch(rt.settings, claim.adapter)
+    if claim.outcome != "run":
+        return claim.outcome
+    assert claim.job is not None and claim.lease is not None
+    outcome = _run_attempt(rt, claim.job, claim.lease, prefix)
+    log.info("job %s attempt %d: %s", job_id, claim.lease.attempt, outcome)
+    return outcome
+
+
+def _run_attempt(rt: WorkerRuntime, job: FineTuneJob, lease: Lease, prefix: str) -> str:
+    with LeaseKeeper(rt.engine, lease, rt.options.heartbeat_seconds) as keeper:
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"loraplex-{job.id}-") as scratch:
+                result = _train(rt, job, keeper, Path(scratch))
+                if keeper.should_stop():  # cancelled (or requeued) while the last step ran
+                    raise TrainingCancelled(result.steps)
+                uploaded = upload_adapter(rt.store, result.output_dir, prefix)
+        except TrainingCancelled as exc:
+            if keeper.lost:
+                return "lost"
+            finish_ended(rt.engine, lease, JobStatus.CANCELLED, f"Job cancelled at step {exc.step}")
+            return "cancelled"
+        except Exception as exc:
+            return _fail(rt, lease, keeper, exc)
+        try:
+            outcome, adapter = finish_succeeded(rt.engine, lease, uploaded)
+        except Exception as exc:
+            remove_adapter_objects(rt.store, prefix)
+            return _fail(rt, lease, keeper, exc)
+    if outcome == "cancelled":
+        remove_adapter_objects(rt.store, prefix)
+    if adapter is not None:
+        announce_prefetch(rt.settings, adapter)
+    return outcome
+
+
+def _fail(rt: WorkerRuntime, lease: Lease, keeper: LeaseKeeper, exc: Exception) -> str:
+    if keeper.lost:
+        return "lost"
+    failure = classify_failure(exc, lease.job_id)
+    if failure.retryable:
+        delay = rt.options.retry_delay_seconds
+        return retry_or_fail(rt.engine, lease, rt.celery, failure.message, code=failure.code, delay=delay)
+    if finish_ended(rt.engine, lease, JobStatus.FAILED, failure.message, code=failure.code, param=failure.param):
+        return "failed"
+    return "lost"
+
+
+def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Path) -> TrainingResult:
+    # Imported here: torch stays out of the worker's parent process and is loaded once per pool process.
+    from transformers.utils import logging as transformers_logging
+
+    from trainer.train import TrainingRequest, train_adapter
+
+    transformers_logging.disable_progress_bar()  # bars would land in the worker log as warnings
+    if job.base_model != rt.base_model_name:
+        raise InvalidRequest(
+            f"this worker trains {rt.base_model_name!r}, not {job.base_model!r}",
+            param="model",
+            code="model_not_available",
+        )
+    hyperparameters = ResolvedHyperparameters.model_validate(job.hyperparameters)
+    training = _download(rt, job, job.training_file, scratch / "training.jsonl", "training_file")
+    validation = None
+    if job.validation_file:
+        validation = _download(rt, job, job.validation_file, scratch / "validation.jsonl", "validation_file")
+    request = TrainingRequest(
+        base_model_dir=rt.base_model_dir,
+        training_file=training,
+        output_dir=scratch / "adapter",
+        hyperparameters=hyperparameters,
+        seed=job.seed,
+        validation_file=validation,
+        base_model_name=rt.base_model_name,
+        base_fingerprint=rt.fingerprint(),
+    )
+    return train_adapter(request, on_progress=ProgressRecorder(rt.engine, job), should_cancel=keeper.should_stop)
+
+
+def _download(rt: WorkerRuntime, job: FineTuneJob, file_id: str, dest: Path, param: str) -> Path:
+    with session_scope(rt.engine) as session:
+        row = session.get(File, file_id)
+    what = param.replace("_", " ")
+    gone = NotFound(
+        f"the {what} {file_id} no longer exists; upload it again and create a new job",
+        param=param,
+        code="file_not_found",
+    )
+    # Another tenant's file reads exactly like a missing one.
+    if row is None or row.tenant_id != job.tenant_id or row.deleted_at is not None:
+        raise gone
+    try:
+        rt.store.get_file(row.storage_key, dest, expected_sha256=row.sha256)
+    except ObjectNotFound:
+        raise gone from None
+    return dest

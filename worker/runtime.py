@@ -1,0 +1,77 @@
+"""What a worker process keeps between jobs: settings, options, and lazily opened DB, store and fingerprint.
+
+Opened lazily so that nothing with sockets or threads crosses the fork into Celery's pool processes;
+``after_fork`` drops anything that did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery import Celery
+from sqlalchemy.engine import Engine
+
+from core.db import make_engine
+from core.errors import ConfigError
+from core.settings import Settings
+from core.storage import ObjectStore, open_store
+from trainer.manifest import BaseModelFingerprint, fingerprint_base_model
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Liveness timing: a running job heartbeats every ``heartbeat_seconds``; one silent for
+    ``stale_after_seconds`` is requeued by the reaper, which runs every ``reap_every_seconds``."""
+
+    heartbeat_seconds: float = 10.0
+    stale_after_seconds: float = 120.0
+    reap_every_seconds: float = 30.0
+    retry_delay_seconds: float = 30.0  # before retrying a job that hit a transient error (store down)
+
+    def __post_init__(self) -> None:
+        if min(self.heartbeat_seconds, self.reap_every_seconds) <= 0 or self.retry_delay_seconds < 0:
+            raise ValueError("worker intervals must be positive")
+        if self.stale_after_seconds < 3 * self.heartbeat_seconds:
+            # A couple of slow beats must not get a healthy job requeued under its worker.
+            raise ValueError("stale_after_seconds must be at least 3 x heartbeat_seconds")
+
+
+class WorkerRuntime:
+    """Per-process state of a training worker."""
+
+    def __init__(self, settings: Settings, celery: Celery, options: WorkerOptions) -> None:
+        if settings.base_model is None or settings.model_name is None:
+            raise ConfigError("LORAPLEX_BASE_MODEL is not set: a worker trains adapters for one base model directory")
+        self.settings = settings
+        self.celery = celery
+        self.options = options
+        self.base_model_dir = settings.base_model
+        self.base_model_name: str = settings.model_name
+        self._engine: Engine | None = None
+        self._store: ObjectStore | None = None
+        self._fingerprint: BaseModelFingerprint | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = make_engine(self.settings.db_url)
+        return self._engine
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.settings)
+        return self._store
+
+    def fingerprint(self) -> BaseModelFingerprint:
+        """The base model's hash, computed once per process (hashing large weights takes a while)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_base_model(self.base_model_dir, self.base_model_name)
+        return self._fingerprint
+
+    def after_fork(self) -> None:
+        """Forget connections inherited from the parent process (they belong to it)."""
+        if self._engine is not None:
+            self._engine.dispose(close=False)
+        self._engine = None
+        self._store = None
