@@ -1,0 +1,75 @@
+"""The wire contract between the control plane (`api/`, `worker/`) and inference servers (`server/`).
+
+Requests: the API forwards OpenAI `/v1/completions` and `/v1/chat/completions` bodies to a replica
+unchanged except for two things: ``model`` is the adapter's public name (or the base model's), and the
+field :data:`ADAPTER_FIELD` carries the :class:`~core.descriptor.AdapterDescriptor` the server
+fetches, verifies and places the adapter by. Only callers holding the internal token
+(``Authorization: Bearer <LORAPLEX_INTERNAL_TOKEN>``) may send it.
+
+Answers: the server adds :data:`STATS_FIELD` (a :class:`RequestStats`) at the top level of a
+non-streaming response and of the final chunk of a stream (the usage chunk when
+``stream_options.include_usage`` is set, which the API always asks for and strips if its client
+did not).
+
+Discovery: every server writes its :class:`ReplicaStatus` as JSON to :func:`replica_key` every
+:data:`HEARTBEAT_S` seconds with a TTL of :data:`REPLICA_TTL_S`; a replica whose key expired is gone.
+Adapter residency is reported as increments on the Redis stream :data:`RESIDENCY_STREAM`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+ADAPTER_FIELD = "adapter"
+STATS_FIELD = "loraplex"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+REPLICA_KEY_PREFIX = "loraplex:replica:"
+HEARTBEAT_S = 2.0
+REPLICA_TTL_S = 10.0
+RESIDENCY_STREAM = "loraplex:residency"  # entries: adapter_id, page_seconds, replica, at (unix seconds)
+RESIDENCY_STREAM_MAXLEN = 100_000
+
+
+def replica_key(replica_id: str) -> str:
+    """Redis key holding one replica's status."""
+    return REPLICA_KEY_PREFIX + replica_id
+
+
+class RequestStats(BaseModel):
+    """What one request cost on the server, for metering."""
+
+    replica: str
+    cold_start: bool = Field(description="The adapter was not in the pool when the request arrived.")
+    adapter_load_ms: float | None = Field(default=None, description="Time waiting for the adapter to load.")
+    queue_ms: float = Field(description="Arrival to first scheduled step.")
+    gpu_seconds: float = Field(description="This request's share of the engine steps it took part in.")
+
+
+class PoolPages(BaseModel):
+    total: int
+    kv: int
+    adapter: int
+    free: int
+    page_bytes: int
+
+
+class ReplicaStatus(BaseModel):
+    """A server's heartbeat: where it is, how busy, and which adapters it holds warm."""
+
+    id: str
+    url: str = Field(description="Base URL the API reaches it at, e.g. http://10.0.0.5:8001")
+    base_model: str
+    started_at: float
+    updated_at: float
+    running: int
+    waiting: int
+    max_waiting: int
+    pool: PoolPages
+    resident_adapters: list[str] = Field(default_factory=list, description="Adapter ids in the pool.")
+    host_adapters: list[str] = Field(default_factory=list, description="Adapter ids cached in host RAM.")
+
+    @property
+    def overloaded(self) -> bool:
+        """Its waiting queue is at least three quarters full: route new work elsewhere if possible."""
+        return self.waiting >= 0.75 * self.max_waiting
