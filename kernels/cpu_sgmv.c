@@ -11,6 +11,7 @@
  * segment while it sits in L1.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 /* GCC/Clang vector extensions: 8 floats (AVX when available, two SSE registers otherwise). */
@@ -74,85 +75,152 @@ static inline int64_t token_row(int64_t pos, const int64_t *token_index) {
 }
 
 
-/* Table views are [slots, 7, max_rank] (rows) and [slots, 7] (ranks, scales) with the given element strides. */
-void lora_segments(const float *x, int64_t x_stride, float *y, int64_t y_stride, const float *arena,
-                   int64_t in_features, int64_t num_segments, const int32_t *seg_starts,
-                   const int32_t *seg_lengths, const int32_t *seg_slots, const int32_t *seg_use,
-                   const int64_t *token_index, int64_t num_slices, const int64_t *projections,
-                   const int64_t *out_offsets, const int64_t *out_widths, const int64_t *a_rows,
-                   const int64_t *b_rows, int64_t rows_slot_stride, int64_t rows_proj_stride,
-                   const int32_t *ranks, const float *scales, int64_t meta_slot_stride,
-                   int64_t meta_proj_stride, float *v /* [max segment length * max rank] */) {
-    for (int64_t g = 0; g < num_segments; ++g) {
-        int64_t slot = seg_slots[g], length = seg_lengths[g];
-        if (slot < 0 || length == 0 || !seg_use[g]) continue;
-        for (int64_t k = 0; k < num_slices; ++k) {
-            int64_t p = projections[k];
-            int64_t rank = ranks[slot * meta_slot_stride + p * meta_proj_stride];
-            if (rank == 0) continue;
-            float scale = scales[slot * meta_slot_stride + p * meta_proj_stride];
-            const int64_t *a_off = a_rows + slot * rows_slot_stride + p * rows_proj_stride;
-            const int64_t *b_off = b_rows + slot * rows_slot_stride + p * rows_proj_stride;
-            int64_t width = out_widths[k], offset = out_offsets[k];
-            for (int64_t t0 = 0; t0 < length; t0 += TOKEN_BLOCK) {
-                int64_t m = length - t0 < TOKEN_BLOCK ? length - t0 : TOKEN_BLOCK;
-                const float *xs[TOKEN_BLOCK];
-                for (int64_t t = 0; t < m; ++t) xs[t] = x + token_row(seg_starts[g] + t0 + t, token_index) * x_stride;
-                for (int64_t i = 0; i < rank; ++i) {
-                    float out[TOKEN_BLOCK];
-                    dot_block(arena + a_off[i], xs, m, in_features, out);
-                    for (int64_t t = 0; t < m; ++t) v[(t0 + t) * rank + i] = scale * out[t];
-                }
+/* Runs work(args, tid, nthreads) on nthreads threads (the caller is thread 0) and waits for all. */
+typedef void (*work_fn)(const void *args, int64_t tid, int64_t nthreads);
+struct job {
+    work_fn work;
+    const void *args;
+    int64_t tid, nthreads;
+};
+
+static void *run_job(void *p) {
+    struct job *j = p;
+    j->work(j->args, j->tid, j->nthreads);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+static void parallel(work_fn work, const void *args, int64_t nthreads) {
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    pthread_t threads[MAX_THREADS];
+    struct job jobs[MAX_THREADS];
+    int64_t started = 1;
+    for (int64_t t = 1; t < nthreads; ++t) {
+        jobs[t] = (struct job){work, args, t, nthreads};
+        if (pthread_create(&threads[t], NULL, run_job, &jobs[t]) != 0) break;
+        started = t + 1;
+    }
+    /* Threads that failed to start leave their share to thread 0's loop below. */
+    for (int64_t t = 0; t < nthreads; ++t)
+        if (t == 0 || t >= started) work(args, t, nthreads);
+    for (int64_t t = 1; t < started; ++t) pthread_join(threads[t], NULL);
+}
+
+struct lora_args {
+    const float *x, *arena, *scales;
+    float *y, *workspace;
+    int64_t x_stride, y_stride, in_features, num_segments, num_slices;
+    const int32_t *seg_starts, *seg_lengths, *seg_slots, *seg_use, *ranks;
+    const int64_t *token_index, *projections, *out_offsets, *out_widths, *a_rows, *b_rows;
+    int64_t rows_slot_stride, rows_proj_stride, meta_slot_stride, meta_proj_stride, workspace_per_thread;
+};
+
+/* Work item (segment g, slice k) writes only rows of g and columns of k: items never overlap. */
+static void lora_work(const void *p, int64_t tid, int64_t nthreads) {
+    const struct lora_args *a = p;
+    float *v = a->workspace + tid * a->workspace_per_thread;
+    for (int64_t item = tid; item < a->num_segments * a->num_slices; item += nthreads) {
+        int64_t g = item / a->num_slices, k = item % a->num_slices;
+        int64_t slot = a->seg_slots[g], length = a->seg_lengths[g];
+        if (slot < 0 || length == 0 || !a->seg_use[g]) continue;
+        int64_t proj = a->projections[k], meta = slot * a->meta_slot_stride + proj * a->meta_proj_stride;
+        int64_t rank = a->ranks[meta];
+        if (rank == 0) continue;
+        float scale = a->scales[meta];
+        const int64_t *a_off = a->a_rows + slot * a->rows_slot_stride + proj * a->rows_proj_stride;
+        const int64_t *b_off = a->b_rows + slot * a->rows_slot_stride + proj * a->rows_proj_stride;
+        int64_t width = a->out_widths[k], offset = a->out_offsets[k], start = a->seg_starts[g];
+        for (int64_t t0 = 0; t0 < length; t0 += TOKEN_BLOCK) {
+            int64_t m = length - t0 < TOKEN_BLOCK ? length - t0 : TOKEN_BLOCK;
+            const float *xs[TOKEN_BLOCK];
+            for (int64_t t = 0; t < m; ++t) xs[t] = a->x + token_row(start + t0 + t, a->token_index) * a->x_stride;
+            for (int64_t i = 0; i < rank; ++i) {
+                float out[TOKEN_BLOCK];
+                dot_block(a->arena + a_off[i], xs, m, a->in_features, out);
+                for (int64_t t = 0; t < m; ++t) v[(t0 + t) * rank + i] = scale * out[t];
             }
-            /* Column blocks keep the segment's output rows in L1 while every B^T row streams through once. */
-            for (int64_t c0 = 0; c0 < width; c0 += COLUMN_BLOCK) {
-                int64_t cols = width - c0 < COLUMN_BLOCK ? width - c0 : COLUMN_BLOCK;
-                for (int64_t i = 0; i < rank; ++i) {
-                    const float *b = arena + b_off[i] + c0;
-                    for (int64_t t = 0; t < length; ++t) {
-                        float *yrow = y + token_row(seg_starts[g] + t, token_index) * y_stride + offset + c0;
-                        axpy(yrow, v[t * rank + i], b, cols);
-                    }
+        }
+        /* Column blocks keep the segment's output rows in L1 while every B^T row streams through once. */
+        for (int64_t c0 = 0; c0 < width; c0 += COLUMN_BLOCK) {
+            int64_t cols = width - c0 < COLUMN_BLOCK ? width - c0 : COLUMN_BLOCK;
+            for (int64_t i = 0; i < rank; ++i) {
+                const float *b = a->arena + b_off[i] + c0;
+                for (int64_t t = 0; t < length; ++t) {
+                    float *yrow = a->y + token_row(start + t, a->token_index) * a->y_stride + offset + c0;
+                    axpy(yrow, v[t * rank + i], b, cols);
                 }
             }
         }
     }
 }
 
-/* One query token per sequence over its paged K/V, read in place. Caches are one layer's views:
- * token t of sequence b lives at page block_tables[b, t / block_size], slot t % block_size.
- * Per KV head the keys are read once for all the query heads sharing it (GQA), then the values once.
- * scratch holds max(context_lens) * group floats. */
-void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, int64_t page_stride,
-                            int64_t token_stride, const int32_t *block_tables, int64_t table_stride,
-                            const int32_t *context_lens, int64_t batch, int64_t num_heads,
-                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale, float *out,
-                            float *scratch) {
-    int64_t group = num_heads / num_kv_heads;
-    for (int64_t b = 0; b < batch; ++b) {
-        int64_t n = context_lens[b];
-        const int32_t *table = block_tables + b * table_stride;
-        for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
-            const float *qh = q + (b * num_heads + kvh * group) * head_dim;
-            float *oh = out + (b * num_heads + kvh * group) * head_dim;
-            for (int64_t h = 0; h < group * head_dim; ++h) oh[h] = 0.0f;
-            if (n == 0) continue;
-            for (int64_t t = 0; t < n; ++t) {
-                const float *key = k_cache + table[t / block_size] * page_stride + (t % block_size) * token_stride +
-                                   kvh * head_dim;
-                for (int64_t h = 0; h < group; ++h) scratch[h * n + t] = scale * dot(qh + h * head_dim, key, head_dim);
-            }
-            for (int64_t h = 0; h < group; ++h) {
-                float *s = scratch + h * n, top = s[0], total = 0.0f;
-                for (int64_t t = 1; t < n; ++t) top = s[t] > top ? s[t] : top;
-                for (int64_t t = 0; t < n; ++t) total += (s[t] = expf(s[t] - top));
-                for (int64_t t = 0; t < n; ++t) s[t] /= total;
-            }
-            for (int64_t t = 0; t < n; ++t) {
-                const float *value = v_cache + table[t / block_size] * page_stride + (t % block_size) * token_stride +
-                                     kvh * head_dim;
-                for (int64_t h = 0; h < group; ++h) axpy(oh + h * head_dim, scratch[h * n + t], value, head_dim);
-            }
+/* Table views are [slots, 7, max_rank] (rows) and [slots, 7] (ranks, scales) with the given element strides.
+ * workspace holds num_threads * workspace_per_thread floats (longest used segment * widest rank each). */
+void lora_segments(const float *x, int64_t x_stride, float *y, int64_t y_stride, const float *arena,
+                   int64_t in_features, int64_t num_segments, const int32_t *seg_starts,
+                   const int32_t *seg_lengths, const int32_t *seg_slots, const int32_t *seg_use,
+                   const int64_t *token_index, int64_t num_slices, const int64_t *projections,
+                   const int64_t *out_offsets, const int64_t *out_widths, const int64_t *a_rows,
+                   const int64_t *b_rows, int64_t rows_slot_stride, int64_t rows_proj_stride,
+                   const int32_t *ranks, const float *scales, int64_t meta_slot_stride, int64_t meta_proj_stride,
+                   float *workspace, int64_t workspace_per_thread, int64_t num_threads) {
+    struct lora_args args = {x, arena, scales, y, workspace, x_stride, y_stride, in_features, num_segments,
+                             num_slices, seg_starts, seg_lengths, seg_slots, seg_use, ranks, token_index,
+                             projections, out_offsets, out_widths, a_rows, b_rows, rows_slot_stride,
+                             rows_proj_stride, meta_slot_stride, meta_proj_stride, workspace_per_thread};
+    parallel(lora_work, &args, num_threads);
+}
+
+struct attention_args {
+    const float *q, *k_cache, *v_cache;
+    float *out, *scratch;
+    const int32_t *block_tables, *context_lens;
+    int64_t page_stride, token_stride, table_stride, batch, num_heads, num_kv_heads, head_dim, block_size;
+    int64_t scratch_per_thread;
+    float scale;
+};
+
+/* Work item (sequence b, KV head): keys read once for every query head sharing it (GQA), then values once. */
+static void attention_work(const void *p, int64_t tid, int64_t nthreads) {
+    const struct attention_args *a = p;
+    int64_t group = a->num_heads / a->num_kv_heads, d = a->head_dim;
+    float *scratch = a->scratch + tid * a->scratch_per_thread;
+    for (int64_t item = tid; item < a->batch * a->num_kv_heads; item += nthreads) {
+        int64_t b = item / a->num_kv_heads, kvh = item % a->num_kv_heads, n = a->context_lens[b];
+        const int32_t *table = a->block_tables + b * a->table_stride;
+        const float *qh = a->q + (b * a->num_heads + kvh * group) * d;
+        float *oh = a->out + (b * a->num_heads + kvh * group) * d;
+        for (int64_t h = 0; h < group * d; ++h) oh[h] = 0.0f;
+        if (n == 0) continue;
+        for (int64_t t = 0; t < n; ++t) {
+            const float *key = a->k_cache + table[t / a->block_size] * a->page_stride +
+                               (t % a->block_size) * a->token_stride + kvh * d;
+            for (int64_t h = 0; h < group; ++h) scratch[h * n + t] = a->scale * dot(qh + h * d, key, d);
+        }
+        for (int64_t h = 0; h < group; ++h) {
+            float *s = scratch + h * n, top = s[0], total = 0.0f;
+            for (int64_t t = 1; t < n; ++t) top = s[t] > top ? s[t] : top;
+            for (int64_t t = 0; t < n; ++t) total += (s[t] = expf(s[t] - top));
+            for (int64_t t = 0; t < n; ++t) s[t] /= total;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+            const float *value = a->v_cache + table[t / a->block_size] * a->page_stride +
+                                 (t % a->block_size) * a->token_stride + kvh * d;
+            for (int64_t h = 0; h < group; ++h) axpy(oh + h * d, scratch[h * n + t], value, d);
         }
     }
+}
+
+/* One query token per sequence over its paged K/V, read in place. Caches are one layer's views:
+ * token t of sequence b lives at page block_tables[b, t / block_size], slot t % block_size.
+ * scratch holds num_threads * scratch_per_thread floats (max(context_lens) * group each). */
+void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, int64_t page_stride,
+                            int64_t token_stride, const int32_t *block_tables, int64_t table_stride,
+                            const int32_t *context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t block_size, float scale, float *out, float *scratch,
+                            int64_t scratch_per_thread, int64_t num_threads) {
+    struct attention_args args = {q, k_cache, v_cache, out, scratch, block_tables, context_lens, page_stride,
+                                  token_stride, table_stride, batch, num_heads, num_kv_heads, head_dim,
+                                  block_size, scratch_per_thread, scale};
+    parallel(attention_work, &args, num_threads);
 }

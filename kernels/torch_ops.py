@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # Segments up to this many tokens go through the C loop; longer ones amortise torch's per-op cost.
 SHORT_SEGMENT = 16
-C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC")
+C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-pthread")
 C_LIBS = ("-lm",)
 
 
@@ -158,7 +158,7 @@ def add_lora(
     if segs.max_rank == 0:
         return
     min_length = 1
-    lib = _c_library() if _c_eligible(y, x, arena, tables) else None
+    lib = _c_library() if _c_eligible(y, x, arena, tables, segs) else None
     if lib is not None:
         if min(segs.lengths.tolist(), default=0) <= SHORT_SEGMENT:
             _add_lora_c(lib, y, x, arena, tables, group, segs)
@@ -167,11 +167,17 @@ def add_lora(
         _expand_segment(y, _shrink_segment(x, plan), plan, group)
 
 
-def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables) -> bool:
-    tensors = (y, x, arena, tables.ranks)
+def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables, segs: Segments) -> bool:
+    """Whether the C loop's assumptions (CPU fp32, unit column strides, layout dtypes) hold."""
+    seg_tensors = (segs.starts, segs.lengths, segs.slots)
+    index = segs.token_index
     return (
-        all(t.device.type == "cpu" for t in tensors)
-        and y.dtype == x.dtype == arena.dtype == torch.float32
+        all(t.device.type == "cpu" for t in (y, x, arena, tables.ranks, *seg_tensors))
+        and y.dtype == x.dtype == arena.dtype == tables.scales.dtype == torch.float32
+        and tables.a_rows.dtype == tables.b_rows.dtype == torch.int64
+        and tables.ranks.dtype == torch.int32
+        and all(t.dtype == torch.int32 and t.is_contiguous() for t in seg_tensors)
+        and (index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu"))
         and y.stride(1) == 1
         and x.stride(1) == 1
         and tables.a_rows.stride(-1) == 1
@@ -191,7 +197,9 @@ def _add_lora_c(
 ) -> None:
     """Every segment of at most ``SHORT_SEGMENT`` tokens in one C call."""
     use = (segs.lengths <= SHORT_SEGMENT).to(torch.int32)
-    workspace = torch.empty(SHORT_SEGMENT * max(segs.max_rank, 1), dtype=torch.float32)
+    threads = _c_threads()
+    per_thread = SHORT_SEGMENT * max(segs.max_rank, 1)
+    workspace = torch.empty(threads * per_thread, dtype=torch.float32)
     index = segs.token_index
     groups = ctypes.c_int64 * group.num_slices
     lib.lora_segments(
@@ -201,7 +209,7 @@ def _add_lora_c(
         groups(*group.projections), groups(*group.out_offsets), groups(*group.out_widths),
         tables.a_rows.data_ptr(), tables.b_rows.data_ptr(), tables.a_rows.stride(0), tables.a_rows.stride(1),
         tables.ranks.data_ptr(), tables.scales.data_ptr(), tables.ranks.stride(0), tables.ranks.stride(1),
-        workspace.data_ptr(),
+        workspace.data_ptr(), per_thread, threads,
     )  # fmt: skip
 
 
@@ -219,6 +227,15 @@ def _c_attention_eligible(
         and block_tables.stride(1) == 1
         and lens.is_contiguous()
     )
+
+
+def _c_threads() -> int:
+    """Threads for the C loops: 1 unless ``LORAPLEX_CPU_KERNEL_THREADS`` says otherwise.
+
+    torch's OpenMP workers keep spinning for a while after each op; extra threads of ours would fight
+    them for the same cores, which measured slower than one thread on a 2-core machine.
+    """
+    return max(1, int(os.environ.get("LORAPLEX_CPU_KERNEL_THREADS", "1")))
 
 
 @functools.cache
@@ -252,28 +269,13 @@ def _c_library() -> ctypes.CDLL | None:
     lib.lora_segments.restype = None
     lib.lora_segments.argtypes = [
         ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr,
-        i64, i64, ptr,
+        i64, i64, ptr, i64, i64,
     ]  # fmt: skip
     f32 = ctypes.c_float
     lib.paged_attention_decode.restype = None
     lib.paged_attention_decode.argtypes = [
-        ptr,
-        ptr,
-        ptr,
-        i64,
-        i64,
-        ptr,
-        i64,
-        ptr,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        f32,
-        ptr,
-        ptr,
-    ]
+        ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, i64, i64,
+    ]  # fmt: skip
     return lib
 
 
@@ -301,11 +303,13 @@ def paged_attention_decode(
             raise ValueError("context_lens or block_tables point outside the KV cache")
         q = q.contiguous()
         out = torch.empty_like(q)
-        scratch = torch.empty(int(context_lens.max()) * (num_heads // num_kv_heads), dtype=torch.float32)
+        threads = _c_threads()
+        per_thread = int(context_lens.max()) * (num_heads // num_kv_heads)
+        scratch = torch.empty(threads * per_thread, dtype=torch.float32)
         lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
             block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
-            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(),
+            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(), per_thread, threads,
         )  # fmt: skip
         return out
     max_len = int(context_lens.max())

@@ -1,0 +1,268 @@
+"""Multi-LoRA serving throughput on CPU: our engine against PEFT, measured in the same run.
+
+Workload: a random-init Llama (hidden 512, 8 layers, 8 heads, 4 KV heads), 16 adapters of rank 8/16/32
+on all seven projections, 64 requests (prompts of 16-128 tokens, outputs drawn from {8..256}, EOS
+ignored so every system produces exactly those tokens). Systems:
+
+  (a) our engine, all 16 adapters resident, one continuous batch
+  (b) PEFT, all adapters loaded, one left-padded generate(adapter_names=...) over the 64 requests
+  (c) PEFT, one request at a time (set_adapter)
+  (d) our engine without adapters
+  (e) our engine with one adapter merged into the base weights
+
+Prints useful output tokens/s per system, a/b, a/c, LoRA overhead d/a - 1, and the fraction of the
+machine's matmul FLOP rate (measured here) that (a) achieves. Process CPU seconds are printed too: when
+other jobs share the cores, wall time swings by tens of percent while CPU time tracks the work.
+Run: ``python bench/engine_cpu.py`` (``--threads 1`` is steadier on a busy 2-core machine: OpenMP
+threads that spin while another process holds the core cost far more than they bring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.tiny_model import TinyModelSpec, make_tiny_model
+from server.engine import SamplingParams
+from server.offline import LLM
+
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+OUTPUT_LENGTHS = (8, 16, 32, 64, 128, 256)
+RANKS = (8, 16, 32)
+
+
+@dataclass
+class Run:
+    """One system's run: wall and process CPU seconds, useful tokens produced."""
+
+    wall: float
+    cpu: float
+    produced: int
+
+
+class Stopwatch:
+    """Wall and CPU time of a block; CPU time shows the work itself when other jobs share the cores."""
+
+    def __enter__(self) -> Stopwatch:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def make_workload(num_requests: int, num_adapters: int, seed: int) -> list[tuple[list[int], int, int]]:
+    """``(prompt token ids, adapter index, output length)`` per request."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_requests):
+        prompt = [rng.randrange(4, 260) for _ in range(rng.randint(16, 128))]
+        requests.append((prompt, i % num_adapters, rng.choice(OUTPUT_LENGTHS)))
+    return requests
+
+
+def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path]:
+    """PEFT adapters with random non-zero weights, ranks cycling through 8/16/32."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    dirs = []
+    for i in range(num_adapters):
+        torch.manual_seed(100 + i)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        rank = RANKS[i % len(RANKS)]
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
+        model = get_peft_model(base, config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.02)
+        path = out_dir / f"adapter-{i:02d}"
+        model.save_pretrained(path)
+        dirs.append(path)
+    return dirs
+
+
+def matmul_gflops(seconds: float = 1.5) -> float:
+    """The machine's fp32 matmul rate on a large GEMM of the model's shapes (GFLOP/s)."""
+    a, b = torch.randn(1024, 512), torch.randn(512, 1408)
+    a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * 1024 * 512 * 1408 * count / (time.perf_counter() - start) / 1e9
+
+
+def run_ours(model_dir: Path, workload, adapter_dirs: list[Path] | None, pool_bytes: int) -> Run:
+    """Time to finish the workload with our engine, and the output tokens produced."""
+    llm = LLM(model_dir, pool_bytes=pool_bytes, max_lora_rank=32, max_adapters=16)
+    names = []
+    for i, path in enumerate(adapter_dirs or []):
+        names.append(f"a{i}")
+        llm.load_adapter(names[-1], path)
+    # Token ids out, like the PEFT baselines: no detokenization.
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for _, _, n in workload]
+    requests = [(prompt, names[a] if names else None, p) for (prompt, a, _), p in zip(workload, params, strict=True)]
+    with Stopwatch() as watch:
+        outputs = llm.generate(requests)
+    return Run(watch.wall, watch.cpu, sum(len(out.outputs[0].token_ids) for out in outputs))
+
+
+def load_peft(model_dir: Path, adapter_dirs: list[Path]):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter_dirs[0], adapter_name="a0")
+    for i, path in enumerate(adapter_dirs[1:], start=1):
+        model.load_adapter(path, adapter_name=f"a{i}")
+    return model.eval()
+
+
+def run_peft_batched(model, workload) -> Run:
+    """One left-padded generate over every request; only each request's own output length is useful."""
+    longest_prompt = max(len(p) for p, _, _ in workload)
+    ids = torch.zeros(len(workload), longest_prompt, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (prompt, _, _) in enumerate(workload):
+        ids[row, longest_prompt - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest_prompt - len(prompt) :] = 1
+    longest_output = max(n for _, _, n in workload)
+    with Stopwatch() as watch, torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            adapter_names=[f"a{a}" for _, a, _ in workload],
+            max_new_tokens=longest_output,
+            min_new_tokens=longest_output,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    produced = out.shape[1] - longest_prompt
+    return Run(watch.wall, watch.cpu, sum(min(n, produced) for _, _, n in workload))
+
+
+def run_peft_sequential(model, workload) -> Run:
+    produced = 0
+    with Stopwatch() as watch, torch.inference_mode():
+        for prompt, a, n in workload:
+            model.set_adapter(f"a{a}")
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+            )
+            produced += out.shape[1] - len(prompt)
+    return Run(watch.wall, watch.cpu, produced)
+
+
+def lora_flops_per_token(adapter_ranks: list[int], hidden: int, intermediate: int, kv: int, layers: int) -> float:
+    """Mean LoRA FLOPs per token over the adapters (all seven projections)."""
+    a_widths = 6 * hidden + intermediate  # q, k, v, o, gate, up read hidden; down reads intermediate
+    b_widths = 3 * hidden + 2 * kv + 2 * intermediate  # q, o, down write hidden; k, v kv; gate, up intermediate
+    per_rank = a_widths + b_widths
+    return 2 * layers * per_rank * sum(adapter_ranks) / len(adapter_ranks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool-mib", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for every system (default: torch's)")
+    parser.add_argument("--skip-peft", action="store_true", help="only our systems (quick iterations)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    spec = TinyModelSpec(hidden=512, layers=8, heads=8, kv_heads=4, seed=0)
+    work = Path(tempfile.mkdtemp(prefix="loraplex-bench-"))
+    try:
+        model_dir = make_tiny_model(work / "base", spec)
+        adapter_dirs = make_adapters(model_dir, work, args.adapters)
+        workload = make_workload(args.requests, args.adapters, args.seed)
+        wanted = sum(n for _, _, n in workload)
+        prompt_tokens = sum(len(p) for p, _, _ in workload)
+        pool = args.pool_mib << 20
+        say(f"threads={torch.get_num_threads()} requests={len(workload)} adapters={args.adapters}")
+        say(f"prompt tokens={prompt_tokens} output tokens={wanted} load average={os.getloadavg()[0]:.2f}")
+        peak = matmul_gflops()
+        say(f"matmul rate (1024x512x1408 fp32): {peak:.1f} GFLOP/s")
+
+        runs: dict[str, Run] = {}
+        runs["a"] = run_ours(model_dir, workload, adapter_dirs, pool)
+        say(f"(a) done: {runs['a'].wall:.1f} s")
+        runs["d"] = run_ours(model_dir, workload, None, pool)
+        say(f"(d) done: {runs['d'].wall:.1f} s")
+        runs["e"] = run_ours(merge_one(model_dir, adapter_dirs[0], work / "merged"), workload, None, pool)
+        say(f"(e) done: {runs['e'].wall:.1f} s")
+        if not args.skip_peft:
+            peft_model = load_peft(model_dir, adapter_dirs)
+            runs["b"] = run_peft_batched(peft_model, workload)
+            say(f"(b) done: {runs['b'].wall:.1f} s")
+            runs["c"] = run_peft_sequential(peft_model, workload)
+        report(runs, wanted, prompt_tokens, spec, args.adapters, peak)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def report(runs: dict[str, Run], wanted: int, prompt_tokens: int, spec: TinyModelSpec, adapters: int, peak: float):
+    labels = {
+        "a": "(a) ours, all adapters resident",
+        "b": "(b) PEFT batched, adapter_names",
+        "c": "(c) PEFT one request at a time",
+        "d": "(d) ours, no adapters",
+        "e": "(e) ours, one adapter merged",
+    }
+    say(f"load average={os.getloadavg()[0]:.2f}")
+    say(f"{'system':36s} {'wall s':>8s} {'tok/s':>9s} {'cpu s':>8s} {'tok/cpu-s':>10s}")
+    for key in sorted(runs):
+        run = runs[key]
+        assert run.produced == wanted, f"{labels[key]} produced {run.produced} useful tokens, expected {wanted}"
+        say(f"{labels[key]:36s} {run.wall:8.2f} {wanted / run.wall:9.1f} {run.cpu:8.2f} {wanted / run.cpu:10.1f}")
+    c = spec
+    kv = c.kv_heads * (c.hidden // c.heads)
+    base_flops = 2 * c.layers * (c.hidden * (2 * c.hidden + 2 * kv) + 3 * c.hidden * c.intermediate_size)
+    lora = lora_flops_per_token([RANKS[i % len(RANKS)] for i in range(adapters)], c.hidden, c.intermediate_size, kv,
+                                c.layers)  # fmt: skip
+    achieved = (prompt_tokens + wanted) * (base_flops + lora) / runs["a"].wall / 1e9
+    say(f"(a) achieved {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of the measured matmul rate")
+
+    def ratios(time_of) -> tuple[float, float, float]:
+        def vs(key: str) -> float:
+            return time_of(runs[key]) / time_of(runs["a"]) if key in runs else float("nan")
+
+        return vs("b"), vs("c"), time_of(runs["a"]) / time_of(runs["d"]) - 1
+
+    cpu_ab, cpu_ac, cpu_overhead = ratios(lambda r: r.cpu)
+    say(f"by CPU time: a/b={cpu_ab:.2f} a/c={cpu_ac:.2f} overhead={cpu_overhead * 100:.1f}% "
+        f"a/e={runs['e'].cpu / runs['a'].cpu:.2f}")  # fmt: skip
+    a_b, a_c, overhead = ratios(lambda r: r.wall)
+    say(f"RESULT a/b={a_b:.2f} a/c={a_c:.2f} overhead={overhead * 100:.1f}%")
+
+
+def merge_one(model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
+    """The base with one adapter merged into its weights (PEFT merge_and_unload)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.save_pretrained(out_dir)
+    return out_dir
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The inference server: model forward, unified paged pool, continuous-batching engine."""

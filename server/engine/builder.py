@@ -1,0 +1,127 @@
+"""Assemble an engine's parts from its config: device, weights, pool, adapter tables, scheduler, runner."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.errors import ConfigError
+from kernels import KVGeometry, LoraTables, kv_cache_views
+from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
+from server.engine.model_runner import ModelRunner
+from server.engine.sampler import Sampler
+from server.engine.scheduler import Scheduler
+from server.memory.adapter_pages import AdapterPages
+from server.memory.block_manager import BlockManager
+from server.memory.pool import PagePool
+from server.model.config import ModelConfig
+from server.model.llama import LlamaModel, LoraBinding
+from server.model.weights import ModelWeights, load_weights
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineParts:
+    model_config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    pool: PagePool
+    adapters: AdapterPages
+    scheduler: Scheduler
+    runner: ModelRunner
+
+
+def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """``auto`` means CUDA with bf16 when a GPU is present, else CPU with fp32."""
+    name = config.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("EngineConfig.device is 'cuda' but no GPU is visible")
+    device = torch.device(name)
+    if config.dtype == "auto":
+        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, DTYPES[config.dtype]
+
+
+def pool_pages(
+    config: EngineConfig, geometry: KVGeometry, dtype: torch.dtype, device: torch.device, model_config: ModelConfig
+) -> int:
+    """Pages in the arena: from ``pool_bytes``, else a fraction of free GPU memory minus activations."""
+    if config.pool_bytes is not None:
+        budget = config.pool_bytes
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        c = model_config
+        per_token = 4 * c.hidden_size + 3 * c.intermediate_size + c.q_size + 2 * c.kv_size + c.vocab_size
+        activations = 4 * config.max_num_batched_tokens * per_token * torch.empty((), dtype=dtype).element_size()
+        budget = int(free * config.gpu_memory_fraction) - activations
+    else:
+        budget = DEFAULT_CPU_POOL_BYTES
+    pages = PagePool.pages_for_bytes(max(budget, 0), geometry, dtype)
+    if pages < 1:
+        raise ConfigError(f"the pool budget ({budget} bytes) holds no page; raise pool_bytes")
+    return pages
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    """The model directory's Hugging Face tokenizer, or None when it ships none (token-id prompts only)."""
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)  # process-wide in torch
+    device, dtype = resolve_device(config)
+    model_config = ModelConfig.from_dir(config.model)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    window = model_config.sliding_window
+    if window is not None and window < max_model_len:
+        raise ConfigError(
+            f"the model uses sliding-window attention ({window} tokens), which is not served; "
+            f"set max_model_len <= {window} so every sequence fits the window"
+        )
+    weights: ModelWeights = load_weights(config.model, model_config, dtype, device)
+    geometry = KVGeometry(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size)
+    pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, model_config), dtype, device)
+    tables = LoraTables.empty(config.max_adapters, model_config.num_layers, config.max_lora_rank, device)
+    adapters = AdapterPages(pool, tables, model_config.base_shapes())
+    kv_caches = [kv_cache_views(pool.arena, geometry, layer) for layer in range(model_config.num_layers)]
+    lora = LoraBinding.create(pool.arena, tables, model_config)
+    model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len)
+    block_manager = BlockManager(pool, config.block_size, watermark_pages=int(config.watermark * pool.num_pages))
+    scheduler = Scheduler(
+        block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill
+    )
+    runner = ModelRunner(model, Sampler(config.seed), adapters.slot_max_rank, config.block_size, device)
+    tokenizer = load_tokenizer(config.model)
+    eos = set(model_config.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    log.info(
+        "engine: %s on %s/%s, %d pool pages of %d KiB, max_model_len %d",
+        model_config.model_type,
+        device,
+        dtype,
+        pool.num_pages,
+        pool.stats().page_bytes // 1024,
+        max_model_len,
+    )
+    return EngineParts(
+        model_config, device, dtype, max_model_len, tokenizer, tuple(sorted(eos)), pool, adapters, scheduler, runner
+    )

@@ -1,0 +1,301 @@
+"""The engine a server drives: ``add_request`` / ``abort_request`` from any thread, ``step`` in a loop.
+
+``step`` and adapter (un)loading hold one lock, so a server may call ``load_adapter`` from its event
+loop while a background thread steps: the load waits for the current step to end. ``add_request`` and
+``abort_request`` only queue work (validated first, errors raised to the caller) that the next step picks up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from core.adapter_format import AdapterWeights
+from core.errors import InvalidRequest
+from server.engine.builder import EngineParts, build_engine_parts
+from server.engine.config import EngineConfig
+from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.errors import (
+    AdapterAlreadyLoaded,
+    AdapterInUse,
+    AdapterNotLoaded,
+    DuplicateRequest,
+    PromptTooLong,
+)
+from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput, TokenLogprob
+from server.engine.sampling_params import SamplingParams
+from server.engine.sequence import Sequence
+from server.memory.adapter_pages import ResidentAdapter
+from server.memory.block_manager import blocks_for
+from server.memory.pool import PoolStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    adapter: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+class LLMEngine:
+    """Continuous-batching multi-LoRA generation over one base model."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        parts: EngineParts = build_engine_parts(config)
+        self.model_config = parts.model_config
+        self.device = parts.device
+        self.max_model_len = parts.max_model_len
+        self.tokenizer = parts.tokenizer
+        self.pool = parts.pool
+        self.adapters = parts.adapters
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.eos_token_ids = set(parts.eos_token_ids)
+        self._lock = threading.Lock()  # held by step and adapter (un)loading
+        self._inbox_lock = threading.Lock()  # guards the inbox and adapter reference counts
+        self._new_work = threading.Event()  # set when a request or abort is queued
+        self._pending_adds: list[_Request] = []
+        self._pending_aborts: list[str] = []
+        self._requests: dict[str, _Request] = {}
+        self._adapter_refs: dict[str, int] = {}
+        self._next_seq_id = 0
+
+    # ----- requests -------------------------------------------------------------------------------
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS)."""
+        if self.tokenizer is None:
+            raise InvalidRequest("this model directory has no tokenizer; send token ids", param="prompt")
+        return list(self.tokenizer(prompt).input_ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        adapter: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Validate and queue a request; it starts in the next :meth:`step`. Thread-safe."""
+        params = params or SamplingParams()
+        token_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not token_ids:
+            raise PromptTooLong("the prompt is empty", param="prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise PromptTooLong(
+                f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len}", param="prompt"
+            )
+        if any(not 0 <= t < self.model_config.vocab_size for t in token_ids):
+            raise PromptTooLong("prompt token ids must be within the vocabulary", param="prompt")
+        if blocks_for(len(token_ids) + 1, self.config.block_size) > self.pool.stats().kv_capacity_pages:
+            raise PromptTooLong("the prompt does not fit the KV pool even alone", param="prompt")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop strings need a tokenizer; this model directory has none", param="stop")
+        request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
+        with self._inbox_lock:
+            if request_id in self._requests or any(r.request_id == request_id for r in self._pending_adds):
+                raise DuplicateRequest(f"request id {request_id!r} is already in use", param="request_id")
+            if adapter is not None:
+                if adapter not in self.adapters.resident:
+                    raise AdapterNotLoaded(f"adapter {adapter!r} is not loaded", param="model")
+                self._adapter_refs[adapter] = self._adapter_refs.get(adapter, 0) + 1
+            self._pending_adds.append(request)
+        self._new_work.set()
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request; its final output (finish_reason ``abort``) comes from the next step. Thread-safe."""
+        with self._inbox_lock:
+            self._pending_aborts.append(request_id)
+        self._new_work.set()
+
+    def has_unfinished_requests(self) -> bool:
+        with self._inbox_lock:
+            return bool(self._requests or self._pending_adds)
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block a stepping thread until there is something to step (or ``timeout``); True if there is."""
+        if self.has_unfinished_requests():
+            return True
+        self._new_work.wait(timeout)
+        self._new_work.clear()
+        return self.has_unfinished_requests()
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    # ----- adapters and pool ------------------------------------------------------------------------
+
+    def load_adapter(self, name: str, weights: AdapterWeights) -> int:
+        """Place an adapter's weights in pool pages; returns its slot. Raises if pages or slots run out."""
+        with self._lock:
+            if name in self.adapters.resident:
+                raise AdapterAlreadyLoaded(f"adapter {name!r} is already loaded", param="lora_name")
+            return self.adapters.place(name, weights).slot
+
+    def unload_adapter(self, name: str) -> None:
+        """Return an adapter's pages to the pool. Refused while unfinished requests use it."""
+        with self._lock, self._inbox_lock:
+            if name not in self.adapters.resident:
+                raise AdapterNotLoaded(f"adapter {name!r} is not loaded", param="lora_name")
+            if self._adapter_refs.get(name, 0):
+                raise AdapterInUse(f"{self._adapter_refs[name]} unfinished requests use adapter {name!r}")
+            self.adapters.remove(name)
+
+    def adapter_pages_needed(self, weights: AdapterWeights) -> int:
+        """Pages :meth:`load_adapter` would take, for eviction decisions before loading."""
+        return self.adapters.pages_needed(weights)
+
+    def resident_adapters(self) -> dict[str, ResidentAdapter]:
+        return dict(self.adapters.resident)
+
+    def pool_stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    # ----- stepping -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Admit queued work, run one batched forward pass, and report every request that progressed."""
+        with self._lock:
+            touched = self._drain_inbox()
+            batch = self.scheduler.schedule()
+            now = time.monotonic()
+            for seq in batch.too_long:
+                self._finish(seq, "length")
+                touched.add(seq.request_id)
+            if not batch.is_empty:
+                results = self.runner.execute(batch)
+                now = time.monotonic()
+                for item in batch.scheduled:
+                    item.seq.num_computed_tokens += item.num_new_tokens
+                for seq, token_id, logprob in results:
+                    self._append_token(seq, token_id, logprob, now)
+                    touched.add(seq.request_id)
+            return self._collect(touched, now)
+
+    def _drain_inbox(self) -> set[str]:
+        with self._inbox_lock:
+            adds, self._pending_adds = self._pending_adds, []
+            aborts, self._pending_aborts = self._pending_aborts, []
+            for request in adds:
+                self._requests[request.request_id] = request
+        for request in adds:
+            slot = self.adapters.resident[request.adapter].slot if request.adapter else -1
+            for index in range(request.params.n):
+                detok = None
+                if request.params.detokenize and self.tokenizer is not None:
+                    detok = IncrementalDetokenizer(
+                        self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens
+                    )
+                seq = Sequence(
+                    self._next_seq_id, request.request_id, index, request.prompt_token_ids, request.params, slot, detok
+                )
+                self._next_seq_id += 1
+                request.seqs.append(seq)
+                self.scheduler.add(seq)
+        touched = set()
+        for request_id in aborts:
+            request = self._requests.get(request_id)
+            if request is None:
+                continue
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    self._finish(seq, "abort")
+            touched.add(request_id)
+        return touched
+
+    def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> None:
+        request = self._requests[seq.request_id]
+        if request.first_token_time is None:
+            request.first_token_time = now
+        seq.token_ids.append(token_id)
+        seq.pending_token_ids.append(token_id)
+        if logprob is not None and seq.logprobs is not None:
+            seq.logprobs.append(logprob)
+            seq.pending_logprobs.append(logprob)
+        params = seq.params
+        if token_id in params.stop_token_ids:
+            self._finish(seq, "stop", token_id)
+            return
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            self._finish(seq, "stop")
+            return
+        if seq.detokenizer is not None and seq.stop_filter is not None:
+            text, stop = seq.stop_filter.add(seq.detokenizer.add([token_id]))
+            seq.pending_text += text
+            if stop is not None:
+                self._finish(seq, "stop", stop)
+                return
+        if (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens) or (
+            seq.num_tokens >= self.max_model_len
+        ):
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: str | int | None = None) -> None:
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        if seq.stop_filter is not None:
+            seq.pending_text += seq.stop_filter.flush()
+        self.scheduler.finish(seq)
+
+    def _collect(self, touched: set[str], now: float) -> list[RequestOutput]:
+        outputs = []
+        for request_id in sorted(touched, key=lambda r: self._requests[r].arrival_time):
+            request = self._requests[request_id]
+            completions = []
+            for seq in request.seqs:
+                unreported_finish = seq.is_finished and not seq.finish_reported
+                if seq.pending_token_ids or seq.pending_text or unreported_finish:
+                    completions.append(self._completion(seq))
+            finished = all(seq.is_finished for seq in request.seqs)
+            if finished:
+                request.finished_time = now
+                del self._requests[request_id]
+                if request.adapter is not None:
+                    with self._inbox_lock:
+                        self._adapter_refs[request.adapter] -= 1
+            outputs.append(
+                RequestOutput(
+                    request_id=request_id,
+                    adapter=request.adapter,
+                    prompt_token_ids=request.prompt_token_ids,
+                    outputs=completions,
+                    finished=finished,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_completion_tokens=sum(s.num_output_tokens for s in request.seqs),
+                    arrival_time=request.arrival_time,
+                    first_token_time=request.first_token_time,
+                    finished_time=request.finished_time,
+                )
+            )
+        return outputs
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
+        out = CompletionOutput(
+            index=seq.index,
+            new_token_ids=seq.pending_token_ids,
+            new_text=seq.pending_text,
+            new_logprobs=seq.pending_logprobs if seq.logprobs is not None else None,
+            num_tokens=seq.num_output_tokens,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        if seq.finish_reason is not None:
+            out.token_ids = seq.output_token_ids
+            out.text = seq.text
+            out.logprobs = list(seq.logprobs) if seq.logprobs is not None else None
+            seq.finish_reported = True
+        seq.pending_token_ids = []
+        seq.pending_text = ""
+        seq.pending_logprobs = []
+        return out

@@ -1,0 +1,141 @@
+"""Continuous batching under a token budget: running sequences first, then admissions; preempt by recompute.
+
+Every step mixes decodes (one token each) with prefill chunks. A prompt longer than what is left of the
+budget is split across steps (chunked prefill). When a running sequence needs a page and none is free,
+the most recently admitted running sequence is preempted: its pages are freed and it goes back to the
+front of the waiting queue, to be recomputed from its prompt plus what it already generated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from server.engine.sequence import Sequence, SequenceStatus
+from server.memory.block_manager import BlockManager
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step computes the sequence's last known token, so a new one is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The step's work, ordered so sequences sharing an adapter are adjacent (one LoRA segment each)."""
+
+    scheduled: list[ScheduledSequence]
+    preempted: list[Sequence] = field(default_factory=list)
+    too_long: list[Sequence] = field(default_factory=list)  # cannot fit the pool even alone; finish them
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """FCFS admission, budgeted steps, LIFO preemption. Pure bookkeeping: no tensors."""
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order; the last one is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a sequence (finished or aborted) and free its pages."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's sequences and how many tokens of each to compute; reserve their pages."""
+        budget = self.max_num_batched_tokens
+        out = SchedulerOutput(scheduled=[])
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, num_new, out):
+                continue  # ``seq`` left the running list: the next one is now at ``index``
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+            index += 1
+
+        # Admit waiting sequences only in steps that preempted nothing: pages are scarce otherwise.
+        while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new < seq.num_uncomputed_tokens and not self.enable_chunked_prefill:
+                break
+            alone = not self.running
+            if not self.block_manager.can_grow(seq.block_table, num_new, admitting=not alone):
+                if alone:  # even an empty pool cannot hold this chunk
+                    out.too_long.append(self.waiting.popleft())
+                    continue
+                break
+            self.waiting.popleft()
+            self.block_manager.grow(seq.block_table, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+
+        # Stable sort: adapter slot order, FCFS within an adapter.
+        out.scheduled.sort(key=lambda s: s.seq.adapter_slot)
+        return out
+
+    def _reserve(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Grow ``seq``'s block table, preempting the latest-admitted unscheduled sequences if needed."""
+        total = seq.num_computed_tokens + num_new
+        while not self.block_manager.can_grow(seq.block_table, total):
+            victim = self.running[-1]  # never one scheduled earlier this step: those precede ``seq``
+            if victim is seq and len(self.running) == 1:
+                self.running.remove(seq)
+                self.block_manager.free(seq.block_table)
+                out.too_long.append(seq)
+                return False
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.block_manager.grow(seq.block_table, total)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

@@ -1,0 +1,82 @@
+"""One completion being generated: its tokens, KV block table, adapter and stopping state."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from kernels import NO_ADAPTER
+from server.engine.detokenizer import IncrementalDetokenizer, StopStringFilter
+from server.engine.outputs import FinishReason, TokenLogprob
+from server.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # not started, or preempted (its KV freed, to be recomputed)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Completion ``index`` of request ``request_id``. ``token_ids`` is prompt + output."""
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter_slot: int = NO_ADAPTER,
+        detokenizer: IncrementalDetokenizer | None = None,
+    ) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.adapter_slot = adapter_slot
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.num_preemptions = 0
+        self.detokenizer = detokenizer
+        self.stop_filter = StopStringFilter(params.stop) if detokenizer is not None else None
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.finish_reported = False
+        # Delta since the last time outputs were taken.
+        self.pending_token_ids: list[int] = []
+        self.pending_text = ""
+        self.pending_logprobs: list[TokenLogprob] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def text(self) -> str:
+        return self.stop_filter.text if self.stop_filter is not None else ""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id}#{self.index}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, slot={self.adapter_slot})"
+        )

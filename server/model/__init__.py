@@ -1,0 +1,1 @@
+"""Llama-family forward pass (Llama, Mistral, Qwen2) and safetensors loading."""

@@ -1,0 +1,84 @@
+"""Attention over the paged KV cache: SDPA per prefill chunk, the paged decode kernel for single tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+
+@dataclass
+class PrefillSpan:
+    """A run of one sequence's new tokens (rows ``start .. start + length`` of the step)."""
+
+    start: int
+    length: int
+    context_len: int  # tokens of this sequence already cached before the span
+    block_table: torch.Tensor  # int64 pages covering context_len + length tokens
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each of the step's tokens writes its K/V, and which attention path each token takes."""
+
+    write_pages: torch.Tensor  # int64 [T]
+    write_offsets: torch.Tensor  # int64 [T]
+    prefills: list[PrefillSpan]
+    decode_rows: torch.Tensor | None  # int64 [B] rows of single-token sequences; None when there are none
+    decode_block_tables: torch.Tensor | None  # int32 [B, max_blocks]
+    decode_context_lens: torch.Tensor | None  # int32 [B], including the new token
+    all_decode: bool  # every row is a decode row, in order: no gather/scatter needed
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata):
+    """Store the step's new keys and values into their pages."""
+    k_cache[meta.write_pages, meta.write_offsets] = k
+    v_cache[meta.write_pages, meta.write_offsets] = v
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of the step's queries ``[T, heads, d]``; ``k``/``v`` must already be in the cache."""
+    if meta.all_decode:
+        return kernels.paged_attention_decode(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        )
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k.shape[1]
+    for span in meta.prefills:
+        end = span.start + span.length
+        query = q[span.start : end].transpose(0, 1).unsqueeze(0)
+        if span.context_len == 0:
+            keys, values, mask = k[span.start : end], v[span.start : end], None
+        else:
+            # A later chunk: attend to the earlier chunks' keys, read back from their pages.
+            total = span.context_len + span.length
+            keys = k_cache[span.block_table].flatten(0, 1)[:total]
+            values = v_cache[span.block_table].flatten(0, 1)[:total]
+            rows = torch.arange(span.context_len, total, device=q.device)[:, None]
+            mask = torch.arange(total, device=q.device)[None, :] <= rows
+        o = F.scaled_dot_product_attention(
+            query,
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        out[span.start : end] = o[0].transpose(0, 1)
+    if meta.decode_rows is not None:
+        out[meta.decode_rows] = kernels.paged_attention_decode(
+            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        )
+    return out

@@ -1,0 +1,129 @@
+"""Load a Llama-family checkpoint from local safetensors (single file or sharded) into fused weights.
+
+Projections become :class:`~server.model.linear.Linear` (transposed, or pre-packed on CPU); q/k/v and
+gate/up are fused so each is one matmul.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.errors import ConfigError
+from server.model.config import ModelConfig
+from server.model.linear import Linear
+
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Buffers some older checkpoints carry; recomputed by us.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear  # hidden -> q + 2 kv (with the q/k/v biases when the model has them)
+    o: Linear  # q -> hidden
+    post_norm: torch.Tensor
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear  # intermediate -> hidden
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: Linear  # hidden -> vocab
+
+    def num_bytes(self) -> int:
+        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in (layer.input_norm, layer.post_norm)]
+        linears = [self.lm_head] + [
+            lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(lin.num_bytes() for lin in linears)
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The checkpoint's shard files: from ``model.safetensors.index.json`` when present."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"no *.safetensors weights in {model_dir}; pickle checkpoints are not loaded")
+    return files
+
+
+def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, as stored."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(model_dir):
+        state.update(load_file(str(path)))
+    return state
+
+
+def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    """Read, check, fuse and place the weights of ``model_dir``."""
+    state = read_state_dict(model_dir)
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in state:
+            raise ConfigError(f"checkpoint in {model_dir} lacks {name}")
+        tensor = state[name]
+        if tuple(tensor.shape) != shape:
+            raise ConfigError(f"{name} has shape {list(tensor.shape)}, config.json implies {list(shape)}")
+        used.add(name)
+        return tensor
+
+    def linear_t(*parts: torch.Tensor) -> torch.Tensor:
+        return torch.cat(parts, dim=0).t().to(device=device, dtype=dtype).contiguous()
+
+    def vector(*parts: torch.Tensor) -> torch.Tensor:
+        return torch.cat(parts).to(device=device, dtype=dtype).contiguous()
+
+    h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    layers = []
+    for n in range(config.num_layers):
+        p = f"model.layers.{n}."
+        attn = [take(p + f"self_attn.{x}_proj.weight", (size, h)) for x, size in (("q", q), ("k", kv), ("v", kv))]
+        qkv_bias = None
+        if config.qkv_bias:
+            sizes = (("q", q), ("k", kv), ("v", kv))
+            qkv_bias = vector(*(take(p + f"self_attn.{x}_proj.bias", (size,)) for x, size in sizes))
+        layers.append(
+            LayerWeights(
+                input_norm=vector(take(p + "input_layernorm.weight", (h,))),
+                qkv=Linear(linear_t(*attn), qkv_bias),
+                o=Linear(
+                    linear_t(take(p + "self_attn.o_proj.weight", (h, q))),
+                    vector(take(p + "self_attn.o_proj.bias", (h,))) if config.o_bias else None,
+                ),
+                post_norm=vector(take(p + "post_attention_layernorm.weight", (h,))),
+                gate_up=Linear(
+                    linear_t(take(p + "mlp.gate_proj.weight", (i, h)), take(p + "mlp.up_proj.weight", (i, h)))
+                ),
+                down=Linear(linear_t(take(p + "mlp.down_proj.weight", (h, i)))),
+            )
+        )
+    embed = take("model.embed_tokens.weight", (config.vocab_size, h)).to(device=device, dtype=dtype).contiguous()
+    if config.tie_word_embeddings or "lm_head.weight" not in state:
+        if not config.tie_word_embeddings:
+            raise ConfigError(f"checkpoint in {model_dir} lacks lm_head.weight and does not tie embeddings")
+        lm_head = Linear(embed.t())
+        used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
+    else:
+        lm_head = Linear(linear_t(take("lm_head.weight", (config.vocab_size, h))))
+    norm = vector(take("model.norm.weight", (h,)))
+    unknown = sorted(k for k in state if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    if unknown:
+        raise ConfigError(f"checkpoint has tensors this forward pass would ignore, e.g. {unknown[0]}")
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)

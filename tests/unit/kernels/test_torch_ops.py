@@ -1,0 +1,135 @@
+"""The vectorised CPU path (``kernels.torch_ops``) against the obviously-correct reference loops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference, torch_ops
+from kernels.layout import NO_ADAPTER, QKV, LoraTables, Segments, SliceGroup
+
+IN, OUT = 40, (40, 24, 24)
+TOL = dict(rtol=1e-5, atol=2e-4)
+
+
+def build(ranks: dict[int, tuple[int, ...]], contiguous: bool, seed: int = 0, dtype=torch.float32):
+    """An arena with adapter rows laid out contiguously (views) or scattered with gaps (gathers)."""
+    gen = torch.Generator().manual_seed(seed)
+    arena = torch.randn(300_000, generator=gen).to(dtype)
+    tables = LoraTables.empty(4, 1, 16)
+    at = 7
+    for slot, slot_ranks in ranks.items():
+        for k, proj in enumerate(QKV):
+            r = slot_ranks[k]
+            tables.ranks[slot, 0, proj] = r
+            tables.scales[slot, 0, proj] = 0.25 + slot + k
+            for i in range(r):
+                tables.a_rows[slot, 0, proj, i] = at
+                at += IN + (0 if contiguous else 5)
+        for k, proj in enumerate(QKV):
+            for i in range(slot_ranks[k]):
+                tables.b_rows[slot, 0, proj, i] = at
+                at += OUT[k] + (0 if contiguous else 3)
+    return arena, tables.layer(0)
+
+
+RANKS = {0: (4, 0, 16), 1: (8, 8, 8), 2: (1, 3, 0)}
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("lengths", ["decode", "prefill"])
+def test_add_lora_matches_reference(contiguous, permuted, lengths):
+    arena, tables = build(RANKS, contiguous)
+    repeat = 1 if lengths == "decode" else 23  # short segments (C loop) and long ones (matmuls)
+    token_slots = [s for s in [0, 0, NO_ADAPTER, 1, 2, 2, 2, 1] for _ in range(repeat)]
+    n = len(token_slots)
+    index = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist() if permuted else None
+    segs = Segments.from_token_slots(token_slots, {0: 16, 1: 8, 2: 3}, token_index=index)
+    group = SliceGroup.contiguous(QKV, OUT)
+    x, y = torch.randn(n, IN), torch.randn(n, sum(OUT))
+    expected, got = y.clone(), y.clone()
+    reference.add_lora(expected, x, arena, tables, group, segs)
+    torch_ops.add_lora(got, x, arena, tables, group, segs)
+    torch.testing.assert_close(got, expected, **TOL)
+    no_adapter_rows = [index[i] if index else i for i, s in enumerate(token_slots) if s == NO_ADAPTER]
+    assert torch.equal(got[no_adapter_rows], y[no_adapter_rows])
+
+
+def test_add_lora_without_the_c_loop_matches_reference(monkeypatch):
+    monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+    arena, tables = build(RANKS, contiguous=True)
+    segs = Segments.from_token_slots([0, 1, 1, 2], {0: 16, 1: 8, 2: 3})
+    group = SliceGroup.contiguous(QKV, OUT)
+    x, y = torch.randn(4, IN), torch.randn(4, sum(OUT))
+    expected, got = y.clone(), y.clone()
+    reference.add_lora(expected, x, arena, tables, group, segs)
+    torch_ops.add_lora(got, x, arena, tables, group, segs)
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_bf16_arena_is_accumulated_in_fp32():
+    arena, tables = build(RANKS, contiguous=True, dtype=torch.bfloat16)
+    segs = Segments.from_token_slots([0, 0, 1, 2], {0: 16, 1: 8, 2: 3})
+    group = SliceGroup.contiguous(QKV, OUT)
+    x, y = torch.randn(4, IN).bfloat16(), torch.randn(4, sum(OUT)).bfloat16()
+    expected, got = y.clone(), y.clone()
+    reference.add_lora(expected, x, arena, tables, group, segs)
+    torch_ops.add_lora(got, x, arena, tables, group, segs)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=6e-2, atol=6e-2)
+
+
+def test_shrink_and_expand_match_reference():
+    arena, tables = build(RANKS, contiguous=False)
+    segs = Segments.from_token_slots([2, 0, 0, NO_ADAPTER, 1], {0: 16, 1: 8, 2: 3})
+    group = SliceGroup.contiguous(QKV, OUT)
+    x = torch.randn(5, IN)
+    v_ref = reference.sgmv_shrink(x, arena, tables, group, segs)
+    v = torch_ops.sgmv_shrink(x, arena, tables, group, segs)
+    torch.testing.assert_close(v, v_ref, **TOL)
+    y = torch.randn(5, sum(OUT))
+    expected, got = y.clone(), y.clone()
+    reference.sgmv_expand(expected, v_ref, arena, tables, group, segs)
+    torch_ops.sgmv_expand(got, v_ref, arena, tables, group, segs)
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_a_batch_without_adapters_is_untouched():
+    arena, tables = build({0: (2, 2, 2)}, contiguous=True)
+    segs = Segments.from_token_slots([NO_ADAPTER] * 3, {})
+    y = torch.randn(3, sum(OUT))
+    before = y.clone()
+    torch_ops.add_lora(y, torch.randn(3, IN), arena, tables, SliceGroup.contiguous(QKV, OUT), segs)
+    assert torch.equal(y, before)
+
+
+@pytest.mark.parametrize("use_c", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4)])
+def test_paged_attention_decode_matches_reference(use_c, heads, kv_heads, monkeypatch):
+    if not use_c:
+        monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    head_dim, block_size, pages = 16, 16, 40
+    # One layer's views out of a two-layer arena: pages are strided, as in the real pool.
+    arena = torch.randn(pages, 2, 2, block_size, kv_heads, head_dim, generator=gen)
+    k_cache, v_cache = arena[:, 1, 0], arena[:, 1, 1]
+    lens = torch.tensor([1, 17, 64, 0, 33], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(pages, generator=gen)[:5] for _ in range(5)]).to(torch.int32)
+    q = torch.randn(5, heads, head_dim, generator=gen)
+    expected = reference.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25)
+    got = torch_ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[3], torch.zeros_like(got[3]))
+
+
+def test_paged_attention_refuses_tables_outside_the_cache():
+    k = torch.randn(4, 16, 2, 8)
+    with pytest.raises((ValueError, IndexError, RuntimeError)):
+        torch_ops.paged_attention_decode(
+            torch.randn(1, 2, 8),
+            k,
+            k,
+            torch.tensor([[9]], dtype=torch.int32),
+            torch.tensor([5], dtype=torch.int32),
+            1.0,
+        )
