@@ -56,7 +56,8 @@ def make_celery(settings: Settings, *, max_job_seconds: int = DEFAULT_MAX_JOB_SE
     return app
 
 
-# Redis pub/sub channel on which the control plane announces adapter lifecycle events to inference
-# servers: {"event": "prefetch" | "unload", "adapter": AdapterDescriptor JSON}. Best effort: a server
-# that misses one still loads the adapter on its first request.
+# Redis pub/sub channel on which workers announce adapter lifecycle events to the API:
+# {"event": "prefetch" | "unload", "adapter": AdapterDescriptor JSON}. The API routes each to the right
+# replica (prefetch on the adapter's chosen replica, unload everywhere). Best effort: a server that
+# misses one still loads the adapter on its first request.
 ADAPTER_EVENTS_CHANNEL = "loraplex:adapter-events"

@@ -1,0 +1,95 @@
+"""The host-RAM tier: verified adapter weights kept in an LRU under a byte budget, dropped when idle too long.
+
+A pool eviction then costs a page copy to undo instead of a download; past ``idle_ttl`` an adapter leaves
+host RAM too (scale to zero). Owned by the engine thread; ``keys`` and ``nbytes`` may be read from others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from server.adapters.fetch import HostAdapter
+
+
+@dataclass
+class HostEntry:
+    adapter: HostAdapter
+    last_used: float
+
+
+class HostCache:
+    """LRU of ``HostAdapter`` by key; ``put`` evicts the least recently used entries past ``budget_bytes``."""
+
+    def __init__(self, budget_bytes: int, idle_ttl: float) -> None:
+        self.budget_bytes = budget_bytes
+        self.idle_ttl = idle_ttl
+        self._entries: OrderedDict[str, HostEntry] = OrderedDict()
+        self._lock = threading.Lock()  # for readers on other threads (metrics, heartbeat)
+
+    def get(self, key: str, now: float) -> HostAdapter | None:
+        """The cached adapter, marked as just used; None when absent."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            entry.last_used = now
+            self._entries.move_to_end(key)
+            return entry.adapter
+
+    def touch(self, key: str, now: float) -> None:
+        self.get(key, now)
+
+    def put(self, key: str, adapter: HostAdapter, now: float, keep: Collection[str] = ()) -> list[str]:
+        """Cache ``adapter``; returns the keys evicted to stay under budget (never those in ``keep``).
+
+        An adapter larger than the whole budget is not cached (it is returned as if evicted at once).
+        """
+        if adapter.nbytes > self.budget_bytes:
+            return [key]
+        with self._lock:
+            self._entries[key] = HostEntry(adapter, now)
+            self._entries.move_to_end(key)
+            evicted = []
+            total = sum(e.adapter.nbytes for e in self._entries.values())
+            for old in list(self._entries):
+                if total <= self.budget_bytes:
+                    break
+                if old == key or old in keep:
+                    continue
+                total -= self._entries.pop(old).adapter.nbytes
+                evicted.append(old)
+            return evicted
+
+    def expire(self, now: float, keep: Collection[str] = ()) -> list[str]:
+        """Drop entries idle for ``idle_ttl`` or longer (except ``keep``); returns their keys."""
+        with self._lock:
+            gone = [k for k, e in self._entries.items() if now - e.last_used >= self.idle_ttl and k not in keep]
+            for key in gone:
+                del self._entries[key]
+            return gone
+
+    def next_expiry(self, keep: Collection[str] = ()) -> float | None:
+        """When the least recently used entry not in ``keep`` would expire, if any."""
+        with self._lock:
+            oldest = next((e for k, e in self._entries.items() if k not in keep), None)
+            return oldest.last_used + self.idle_ttl if oldest else None
+
+    def drop(self, key: str) -> bool:
+        with self._lock:
+            return self._entries.pop(key, None) is not None
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(e.adapter.nbytes for e in self._entries.values())

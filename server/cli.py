@@ -1,0 +1,103 @@
+"""``loraplex server``: one inference server process for one base model (one per GPU)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from core.protocol import HEARTBEAT_S
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``loraplex server`` to the CLI."""
+
+    @app.command("server")
+    def server_cmd(
+        model: Annotated[Path, typer.Option(help="Hugging Face Llama-family model directory.")],
+        host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+        served_model_name: Annotated[
+            str | None,
+            typer.Option(
+                help="Name clients use for the base model (default: LORAPLEX_BASE_MODEL_NAME, else the directory name)."
+            ),
+        ] = None,
+        pool_bytes: Annotated[
+            int | None,
+            typer.Option(help="Bytes of the unified KV/adapter pool (default: 90% of free GPU memory, 1 GiB on CPU)."),
+        ] = None,
+        max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's).")] = None,
+        max_lora_rank: Annotated[
+            int | None, typer.Option(help="Largest adapter rank (default: LORAPLEX_MAX_LORA_RANK).")
+        ] = None,
+        adapter_root: Annotated[
+            Path | None, typer.Option(help="Directory local adapters may be loaded from (none: descriptors only).")
+        ] = None,
+        adapter_idle_ttl: Annotated[
+            float, typer.Option(help="Seconds unused before an adapter leaves the pool.")
+        ] = 300.0,
+        host_idle_ttl: Annotated[
+            float, typer.Option(help="Seconds unused before an adapter leaves host RAM.")
+        ] = 3600.0,
+        host_cache_bytes: Annotated[int, typer.Option(help="Host-RAM budget for cached adapters.")] = 4 << 30,
+        max_resident_adapters: Annotated[int, typer.Option(help="Adapters in the pool at once.")] = 32,
+        max_adapters_per_batch: Annotated[
+            int | None, typer.Option(help="Distinct adapters in the running batch (default: max resident).")
+        ] = None,
+        max_waiting: Annotated[int, typer.Option(help="Queued requests before answering 429.")] = 256,
+        max_n: Annotated[int, typer.Option(help="Largest n (completions per request).")] = 16,
+        advertise_url: Annotated[
+            str | None, typer.Option(help="URL the control plane reaches this server at (default: http://host:port).")
+        ] = None,
+        replica_id: Annotated[str | None, typer.Option(help="Replica id in Redis (default: random).")] = None,
+        heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats to Redis.")] = HEARTBEAT_S,
+        device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+        dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+        threads: Annotated[int | None, typer.Option(help="CPU threads for torch.")] = None,
+    ) -> None:
+        """Serve a base model and its LoRA adapters over an OpenAI-compatible API (object store, token and
+        Redis from LORAPLEX_*)."""
+        import uvicorn
+
+        from core.cli import console, settings_or_exit
+        from core.errors import ConfigError
+        from core.storage import open_store
+        from server.config import ServerConfig, random_replica_id
+        from server.http import create_app
+
+        settings = settings_or_exit()
+        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            config = ServerConfig(
+                model=model,
+                served_model_name=served_model_name or settings.base_model_name,
+                host=host,
+                port=port,
+                pool_bytes=pool_bytes,
+                max_model_len=max_model_len,
+                max_lora_rank=max_lora_rank or settings.max_lora_rank,
+                max_resident_adapters=max_resident_adapters,
+                max_adapters_per_batch=max_adapters_per_batch,
+                max_waiting=max_waiting,
+                max_n=max_n,
+                adapter_root=adapter_root,
+                adapter_idle_ttl=adapter_idle_ttl,
+                host_idle_ttl=host_idle_ttl,
+                host_cache_bytes=host_cache_bytes,
+                advertise_url=advertise_url,
+                replica_id=replica_id or random_replica_id(),
+                internal_token=settings.internal_token.get_secret_value() if settings.internal_token else None,
+                redis_url=settings.redis_url,
+                heartbeat_s=heartbeat_s,
+                device=device,
+                dtype=dtype,
+                num_threads=threads,
+            )
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc.message}")
+            raise typer.Exit(2) from None
+        app_ = create_app(config, store=open_store(settings))
+        uvicorn.run(app_, host=host, port=port, log_level=settings.log_level, timeout_graceful_shutdown=10)

@@ -1,0 +1,148 @@
+"""From an OpenAI request body to what the engine runs: prompt token ids and ``SamplingParams``.
+
+Everything a client can get wrong is caught here, before the request queues, with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import InvalidRequest
+from server.engine import LLMEngine, SamplingParams
+from server.engine.errors import PromptTooLong
+from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def completion_prompt(body: CompletionRequest, engine: LLMEngine) -> list[int]:
+    """Token ids of ``prompt``: a string, or a list of token ids (a one-element batch of either is accepted)."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("prompt is empty", param="prompt")
+        return engine.encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise InvalidRequest("prompt is an empty list of token ids", param="prompt")
+        vocab = engine.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        return list(prompt)
+    if isinstance(prompt, list):
+        raise InvalidRequest(
+            "prompt must be one string or one list of token ids; send batches as separate requests", param="prompt"
+        )
+    raise InvalidRequest("prompt is required: a string or a list of token ids", param="prompt")
+
+
+def chat_messages(raw: Any) -> list[dict[str, str]]:
+    """``messages`` as ``[{"role", "content"}]`` with text content, or a 400 saying which message is wrong."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", param="messages")
+    messages = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"{where} must be an object with role and content", param=where)
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequest(f"{where}.role must be one of {', '.join(CHAT_ROLES)}", param=f"{where}.role")
+        messages.append({"role": role, "content": _text_content(message.get("content"), role, f"{where}.content")})
+    return messages
+
+
+def _text_content(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise InvalidRequest(f"{where}: only text parts ({{type: text, text}}) are supported", param=where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequest(f"{where} must be a string or a list of text parts", param=where)
+
+
+def chat_prompt(body: ChatCompletionRequest, engine: LLMEngine) -> list[int]:
+    """Token ids of the conversation rendered with the tokenizer's chat template."""
+    messages = chat_messages(body.messages)
+    tokenizer = engine.tokenizer
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, tokenize=False)
+    except Exception as exc:  # jinja raises whatever the template author chose
+        raise InvalidRequest(f"the chat template rejected these messages: {exc}", param="messages") from None
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    if not ids:
+        raise InvalidRequest("the rendered conversation is empty", param="messages")
+    return ids
+
+
+def refuse_unsupported(body: GenerationRequest) -> None:
+    """400 for parameters this server would otherwise silently ignore."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise InvalidRequest(f"{name} is not supported by this server; leave it at 0", param=name)
+    if body.logit_bias:
+        raise InvalidRequest("logit_bias is not supported by this server", param="logit_bias")
+    if isinstance(body, CompletionRequest):
+        if body.echo:
+            raise InvalidRequest("echo is not supported by this server", param="echo")
+        if body.suffix:
+            raise InvalidRequest("suffix is not supported by this server", param="suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise InvalidRequest("best_of is not supported; ask for n completions instead", param="best_of")
+    if isinstance(body, ChatCompletionRequest):
+        if body.tools:
+            raise InvalidRequest("tools are not supported by this server", param="tools")
+        if body.response_format and body.response_format.get("type", "text") != "text":
+            raise InvalidRequest("only response_format {type: text} is supported", param="response_format")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+
+
+def sampling_params(body: GenerationRequest, prompt_len: int, max_model_len: int, max_n: int) -> SamplingParams:
+    """The engine's parameters, with the context limit checked against prompt length and max_tokens."""
+    refuse_unsupported(body)
+    if body.n > max_n:
+        raise InvalidRequest(f"n is {body.n}; this server generates at most {max_n} completions", param="n")
+    if prompt_len >= max_model_len:
+        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise PromptTooLong(
+            f"the prompt has {prompt_len} tokens; this model's context is {max_model_len} tokens", param=param
+        )
+    room = max_model_len - prompt_len
+    if isinstance(body, ChatCompletionRequest):
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        assert isinstance(body, CompletionRequest)
+        max_tokens, logprobs = body.max_tokens, body.logprobs
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room:
+        raise PromptTooLong(
+            f"max_tokens is {max_tokens} but the prompt has {prompt_len} tokens and the context is "
+            f"{max_model_len}: at most {room} tokens can be generated",
+            param="max_tokens",
+        )
+    return SamplingParams(
+        n=body.n,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        stop=body.stop,
+        stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+    )

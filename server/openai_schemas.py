@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible routes (plus the vLLM extensions and the platform's adapter field).
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour exactly (penalties,
+logit bias, echo, suffix, tools) are refused with a 400 naming them rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.descriptor import AdapterDescriptor
+from core.protocol import ADAPTER_FIELD
+from server.engine.sampling_params import MAX_LOGPROBS
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    model: str = Field(min_length=1)
+    n: int = Field(default=1, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM extensions
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    return_token_ids: bool = False
+    # The platform's adapter descriptor, sent by the control plane (holder of the internal token) only.
+    adapter: AdapterDescriptor | None = Field(default=None, alias=ADAPTER_FIELD)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(GenerationRequest):
+    """``POST /v1/completions``."""
+
+    prompt: Any = None  # a string or a list of token ids; checked by hand for a clear message
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: Any = None  # checked by hand: role/content shapes get messages that say which one is wrong
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True  # vLLM extension
+
+
+class LoadAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter``: a local directory (vLLM) or a descriptor (the platform's prefetch)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=512)
+    lora_path: str | None = None
+    adapter: AdapterDescriptor | None = None
+    pinned: bool | None = None  # extension: keep it in the pool (true) or let it be evicted again (false)
+
+
+class UnloadAdapterRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=512)

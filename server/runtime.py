@@ -1,0 +1,131 @@
+"""One server's moving parts, built and wired from its config: engine, adapter tiers, engine thread, Redis links."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from core.errors import LoraplexError
+from core.protocol import PoolPages, ReplicaStatus
+from core.storage import ObjectStore
+from server.adapters.fetch import AdapterFetcher
+from server.adapters.host_cache import HostCache
+from server.adapters.manager import AdapterLimits, AdapterManager
+from server.adapters.registry import AdapterRegistry, KnownAdapter
+from server.adapters.sources import adapter_id_of_key
+from server.config import ServerConfig
+from server.engine import LLMEngine
+from server.engine_loop import EngineLoop
+from server.metrics import GaugeSnapshot, ServerMetrics
+from server.replica_registry import ReplicaPublisher
+
+
+class ServerRuntime:
+    """Builds the engine (slow: weights, tokenizer) and everything around it; ``start`` then ``close``."""
+
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics, store: ObjectStore | None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.started_at = time.time()
+        self.engine = LLMEngine(config.engine_config())
+        self.base_name = config.base_name
+        self.registry = AdapterRegistry(self.base_name, config.adapter_root)
+        self.loop = EngineLoop(
+            self.engine,
+            metrics,
+            config.replica_id,
+            max_waiting=config.max_waiting,
+            max_adapters_per_batch=config.adapters_per_batch,
+        )
+        self._scratch = Path(tempfile.mkdtemp(prefix="loraplex-server-"))
+        fetcher = AdapterFetcher(
+            store, self.engine.model_config.base_shapes(), config.max_lora_rank, self._scratch, config.adapter_root
+        )
+        pool = self.engine.pool_stats()
+        limits = AdapterLimits(
+            max_resident=config.max_resident_adapters,
+            pool_idle_ttl=config.adapter_idle_ttl,
+            reserve_pages=int(self.engine.config.watermark * pool.total_pages),
+        )
+        host = HostCache(config.host_cache_bytes, config.host_idle_ttl)
+        self.manager = AdapterManager(
+            self.engine, fetcher, host, limits, metrics, self.loop.post, load_workers=config.load_workers
+        )
+        self.loop.manager = self.manager
+        self.loop.on_adapter_error = self._adapter_failed
+        self.publisher: ReplicaPublisher | None = None
+        if config.redis_url:
+            self.publisher = ReplicaPublisher(
+                config.redis_url, config.replica_id, self.replica_status, self.residency, config.heartbeat_s
+            )
+
+    def start(self) -> None:
+        self.loop.start()
+        self.metrics.bind(self.gauges)
+        if self.publisher is not None:
+            self.publisher.start()
+
+    def close(self) -> None:
+        self.loop.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    # ----- views ---------------------------------------------------------------------------------------
+
+    def gauges(self) -> GaugeSnapshot:
+        counts = self.loop.counts()
+        view = self.loop.view
+        pool, tiers = view.pool, view.tiers
+        return GaugeSnapshot(
+            running=counts.running,
+            waiting=counts.waiting,
+            pool_pages={"kv": pool.kv_pages, "adapter": pool.adapter_pages, "free": pool.free_pages},
+            adapters_resident={"pool": len(tiers.resident), "host": len(tiers.host)},
+        )
+
+    def replica_status(self) -> ReplicaStatus:
+        counts = self.loop.counts()
+        view = self.loop.view
+        pool, tiers = view.pool, view.tiers
+        return ReplicaStatus(
+            id=self.config.replica_id,
+            url=self.config.url,
+            base_model=self.base_name,
+            started_at=self.started_at,
+            updated_at=time.time(),
+            running=counts.running,
+            waiting=counts.waiting,
+            max_waiting=self.config.max_waiting,
+            pool=PoolPages(
+                total=pool.total_pages,
+                kv=pool.kv_pages,
+                adapter=pool.adapter_pages,
+                free=pool.free_pages,
+                page_bytes=pool.page_bytes,
+            ),
+            resident_adapters=_adapter_ids(tiers.resident),
+            host_adapters=_adapter_ids(tiers.host),
+        )
+
+    def residency(self) -> dict[str, float]:
+        """Page-seconds per stored adapter id since the last call (local adapters are not metered)."""
+        totals: dict[str, float] = {}
+        for key, seconds in self.manager.drain_residency().items():
+            adapter_id = adapter_id_of_key(key)
+            if adapter_id is not None:
+                totals[adapter_id] = totals.get(adapter_id, 0.0) + seconds
+        return totals
+
+    def _adapter_failed(self, known: KnownAdapter, error: LoraplexError) -> None:
+        """A refused adapter stops being listed; one that failed for a transient reason (5xx) stays."""
+        if error.status_code < 500:
+            self.registry.discard(known)
+
+
+def _adapter_ids(keys: Iterable[str]) -> list[str]:
+    ids = {adapter_id_of_key(key) for key in keys}
+    return sorted(i for i in ids if i is not None)

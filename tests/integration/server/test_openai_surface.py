@@ -1,0 +1,250 @@
+"""The OpenAI-compatible surface, driven by the openai SDK: completions and chat, streaming or not, for the
+base model, a local adapter and a stored one (by descriptor); usage, token ids, logprobs, models, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from core.descriptor import AdapterDescriptor
+from core.protocol import ADAPTER_FIELD, STATS_FIELD
+from core.storage import S3ObjectStore
+from tests.integration.server.adapters import copy_adapter, upload, variant
+from tests.integration.server.harness import ServerUnderTest, served, server_config
+
+PROMPT = "The quick brown fox"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+MAX_TOKENS = 10
+MAX_MODEL_LEN = 512
+MAX_N = 4
+
+
+@pytest.fixture(scope="module")
+def adapter_root(tmp_path_factory: pytest.TempPathFactory, peft_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("adapter-root")
+    copy_adapter(peft_dir, root / "local-a")
+    variant(peft_dir, root / "nested" / "local-b", seed=5)
+    return root
+
+
+@pytest.fixture(scope="module")
+def stored(s3_store: S3ObjectStore, peft_dir: Path, tmp_path_factory: pytest.TempPathFactory, base_name: str):
+    return upload(s3_store, variant(peft_dir, tmp_path_factory.mktemp("stored") / "a", seed=2), base_name)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, adapter_root: Path, s3_store: S3ObjectStore) -> Iterator[ServerUnderTest]:
+    config = server_config(tiny_model_dir, adapter_root=adapter_root, max_n=MAX_N, max_model_len=MAX_MODEL_LEN)
+    yield from served(config, s3_store)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def target(model: str, stored: AdapterDescriptor) -> tuple[str, dict]:
+    """``model`` and the extra body that names it: the stored adapter travels as a descriptor."""
+    if model == "stored":
+        return stored.name, {ADAPTER_FIELD: stored.model_dump()}
+    return model, {}
+
+
+@pytest.mark.parametrize("which", ["base", "local-a", "stored"])
+def test_completions_streamed_and_not_agree_and_count_usage(server, stored, tokenizer, base_name, which):
+    model, extra = target(base_name if which == "base" else which, stored)
+    client = server.client()
+    body = {"ignore_eos": True, "return_token_ids": True, **extra}
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, extra_body=body)
+    expected_prompt = tokenizer(PROMPT).input_ids
+    assert whole.model == model
+    assert whole.usage.prompt_tokens == len(expected_prompt) and whole.prompt_token_ids == expected_prompt
+    assert whole.usage.completion_tokens == MAX_TOKENS == len(whole.choices[0].token_ids)
+    assert whole.usage.total_tokens == len(expected_prompt) + MAX_TOKENS
+    assert whole.choices[0].finish_reason == "length"
+    stats = getattr(whole, STATS_FIELD)
+    assert stats["replica"] == server.config.replica_id and stats["gpu_seconds"] > 0
+
+    chunks = list(
+        client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=body,
+        )
+    )  # fmt: skip
+    *deltas, last = chunks
+    assert "".join(c.choices[0].text for c in deltas if c.choices) == whole.choices[0].text
+    assert [t for c in deltas if c.choices for t in c.choices[0].token_ids] == whole.choices[0].token_ids
+    assert last.choices == [] and last.usage.completion_tokens == MAX_TOKENS
+    assert last.usage.prompt_tokens == len(expected_prompt)
+    assert getattr(last, STATS_FIELD)["replica"] == server.config.replica_id
+
+
+def test_adapters_change_the_tokens(server, stored, base_name):
+    client = server.client()
+    outputs = {}
+    for which in ("base", "local-a", "nested/local-b", "stored"):
+        model, extra = target(base_name if which == "base" else which, stored)
+        out = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+        )  # fmt: skip
+        outputs[which] = tuple(out.choices[0].token_ids)
+    assert len(set(outputs.values())) == len(outputs), outputs
+
+
+@pytest.mark.parametrize("which", ["base", "stored"])
+def test_chat_streamed_and_not_agree_and_count_usage(server, stored, tokenizer, base_name, which):
+    model, extra = target(base_name if which == "base" else which, stored)
+    client = server.client()
+    body = {"ignore_eos": True, **extra}
+    whole = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_completion_tokens=MAX_TOKENS, temperature=0, extra_body=body
+    )
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    expected_prompt = len(tokenizer(rendered, add_special_tokens=False).input_ids)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens == expected_prompt and whole.usage.completion_tokens == MAX_TOKENS
+
+    stream = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body=body,
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == expected_prompt and chunks[-1].usage.completion_tokens == MAX_TOKENS
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_token_id_prompts_seeded_n_and_logprobs(server, base_name):
+    client = server.client()
+    prompt = [1, 50, 60, 70, 80, 90]
+    args = dict(model=base_name, prompt=prompt, max_tokens=6, n=2, temperature=0.9, seed=7, logprobs=2)
+    first = client.completions.create(**args, extra_body={"ignore_eos": True, "return_token_ids": True})
+    again = client.completions.create(**args, extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert first.usage.prompt_tokens == len(prompt) and first.usage.completion_tokens == 12
+    assert [c.token_ids for c in first.choices] == [c.token_ids for c in again.choices]
+    for choice in first.choices:
+        assert len(choice.logprobs.tokens) == 6 and all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+        assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+
+    chat = client.chat.completions.create(
+        model=base_name, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 3 for t in content)
+
+
+def test_models_lists_the_base_and_adapters_with_their_parent(server, stored, base_name):
+    server.client().completions.create(model="local-a", prompt=PROMPT, max_tokens=1)
+    server.client().completions.create(
+        model=stored.name, prompt=PROMPT, max_tokens=1, extra_body={ADAPTER_FIELD: stored.model_dump()}
+    )
+    models = {m.id: m for m in server.client().models.list().data}
+    assert models[base_name].parent is None
+    assert models["local-a"].parent == base_name and models[stored.name].parent == base_name
+    assert models[stored.name].root == stored.id
+
+
+def test_vllm_style_load_and_unload(server, stored, base_name):
+    with server.http() as http:
+        loaded = http.post("/v1/load_lora_adapter", json={"lora_name": "float", "lora_path": "nested/local-b"})
+        assert loaded.status_code == 200, loaded.text
+        client = server.client()
+        assert "float" in {m.id for m in client.models.list().data}  # a name that is also a Python builtin
+        assert client.completions.create(model="float", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+        other = http.post("/v1/load_lora_adapter", json={"lora_name": "float", "lora_path": "local-a"})
+        assert other.status_code == 409 and other.headers["x-should-retry"] == "false"
+        assert http.post("/v1/unload_lora_adapter", json={"lora_name": "float"}).status_code == 200
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="float", prompt=PROMPT, max_tokens=2)
+        assert http.post("/v1/unload_lora_adapter", json={"lora_name": "float"}).status_code == 404
+
+        # The platform's prefetch: a descriptor instead of a path; answered once the adapter is resident.
+        prefetch = {"lora_name": stored.name, "adapter": stored.model_dump(), "pinned": True}
+        assert http.post("/v1/load_lora_adapter", json=prefetch).status_code == 200
+        assert stored.id in server.runtime.replica_status().resident_adapters
+
+
+def test_every_route_but_health_needs_the_internal_token(server, base_name):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": server.config.internal_token}):
+        with httpx.Client(base_url=server.url, headers=headers) as http:
+            for method, path in [("GET", "/ready"), ("GET", "/metrics"), ("GET", "/v1/models"),
+                                 ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                 ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter")]:  # fmt: skip
+                response = http.request(method, path, json={"model": base_name, "prompt": "x"})
+                assert response.status_code == 401, (path, response.text)
+                assert response.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"prompt": PROMPT, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens", "context"),
+        ({"prompt": PROMPT, "n": MAX_N + 1}, 400, "n", "at most"),
+        ({"prompt": ""}, 400, "prompt", "empty"),
+        ({"prompt": []}, 400, "prompt", "empty"),
+        ({"prompt": "x" * MAX_MODEL_LEN}, 400, "prompt", "context"),
+        ({"prompt": ["a", "b"]}, 400, "prompt", "one string"),
+        ({"prompt": [1, 99999]}, 400, "prompt", "token ids"),
+        ({"prompt": PROMPT, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
+        ({"prompt": PROMPT, "temperature": -1}, 400, "temperature", "greater than or equal"),
+        ({"prompt": PROMPT, "model": "no-such-model"}, 404, "model", "neither the base model"),
+        ({"prompt": PROMPT, "model": "../etc"}, 400, "model", ".."),
+        ({"messages": []}, 400, "messages", "non-empty"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", "one of"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "string"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content", "text"),
+        ({"messages": "hello"}, 400, "messages", "non-empty"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, base_name, body, status, param, words):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    with server.http() as http:
+        response = http.post(path, json={"model": base_name, **body})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_malformed_bodies_are_400_and_the_sdk_raises_typed_errors(server, base_name, stored):
+    with server.http() as http:
+        assert http.post("/v1/completions", content=b'{"model": "x", "prompt": ').status_code == 400
+        invalid_utf8 = b'{"model": "' + base_name.encode() + b'", "prompt": "\xff\xfe"}'
+        assert http.post("/v1/completions", content=invalid_utf8).status_code == 400
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="descriptor"):
+        client.completions.create(model=base_name, prompt=PROMPT, extra_body={ADAPTER_FIELD: stored.model_dump()})
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="missing", messages=MESSAGES)
+    assert client.completions.create(model=base_name, prompt=PROMPT, max_tokens=1).usage.completion_tokens == 1
+
+
+def test_metrics_expose_exactly_the_documented_names(server):
+    server.client().completions.create(model="local-a", prompt=PROMPT, max_tokens=3)
+    metrics = server.metrics()
+    assert metrics.types == {
+        "loraplex_requests_running", "loraplex_requests_waiting", "loraplex_pool_pages",
+        "loraplex_adapters_resident", "loraplex_adapter_loads_total", "loraplex_adapter_evictions_total",
+        "loraplex_adapter_load_seconds", "loraplex_time_to_first_token_seconds",
+        "loraplex_inter_token_latency_seconds", "loraplex_e2e_request_latency_seconds",
+        "loraplex_prompt_tokens_total", "loraplex_generation_tokens_total",
+    }  # fmt: skip
+    assert metrics.value("loraplex_adapter_loads_total", tier="local") >= 1
+    assert metrics.value("loraplex_time_to_first_token_seconds_count") >= 1
+    stats = server.runtime.engine.pool_stats()
+    assert (
+        metrics.value("loraplex_pool_pages", kind="free")
+        + metrics.value("loraplex_pool_pages", kind="adapter")
+        + metrics.value("loraplex_pool_pages", kind="kv")
+        == stats.total_pages
+    )

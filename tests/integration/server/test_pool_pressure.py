@@ -1,0 +1,90 @@
+"""A pool that holds three adapters serves twelve under concurrent load: adapters are loaded, evicted and
+reloaded behind the requests' backs, and every request gets exactly the tokens it gets when served alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from core.descriptor import AdapterDescriptor
+from core.protocol import ADAPTER_FIELD
+from core.storage import S3ObjectStore
+from server.engine import SamplingParams
+from server.offline import LLM
+from tests.integration.server.adapters import upload, variant
+from tests.integration.server.harness import running, server_config
+
+NUM_ADAPTERS = 12
+RESIDENT = 3
+CLIENTS = 8
+MAX_TOKENS = 6
+PROMPTS = ["Tell me a story", "1 2 3 4"]
+KV_PAGES = 24  # room for CLIENTS requests of two pages each, and some to spare
+
+
+@pytest.fixture(scope="module")
+def adapter_dirs(peft_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("twelve")
+    return [variant(peft_dir, root / f"a{i}", seed=100 + i) for i in range(NUM_ADAPTERS)]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model_dir: Path, adapter_dirs: list[Path]) -> tuple[dict[tuple[int, str], list[int]], int, int]:
+    """Each (adapter, prompt) generated alone by an offline engine; and the pages one adapter and one page take."""
+    llm = LLM(tiny_model_dir, pool_bytes=4 << 20, max_model_len=256, num_threads=1)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    tokens = {}
+    for i, directory in enumerate(adapter_dirs):
+        llm.load_adapter("a", directory)
+        pages = llm.engine.resident_adapters()["a"].num_pages
+        for prompt in PROMPTS:
+            (out,) = llm.generate([(prompt, "a", params)])
+            tokens[(i, prompt)] = out.outputs[0].token_ids
+        llm.unload_adapter("a")
+    return tokens, pages, llm.engine.pool_stats().page_bytes
+
+
+def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, alone, s3_store: S3ObjectStore):
+    expected, adapter_pages, page_bytes = alone
+    assert len({tuple(t) for t in expected.values()}) > NUM_ADAPTERS  # the adapters really differ
+    config = server_config(
+        tiny_model_dir,
+        max_model_len=256,
+        pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
+        max_resident_adapters=RESIDENT,
+    )
+    with running(config, s3_store) as server:
+        base = server.runtime.base_name
+        descriptors: list[AdapterDescriptor] = [upload(s3_store, d, base) for d in adapter_dirs]
+        client = server.client()
+
+        def ask(job: tuple[int, str, bool]) -> list[int]:
+            i, prompt, stream = job
+            args = dict(model=descriptors[i].name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            body = {ADAPTER_FIELD: descriptors[i].model_dump(), "ignore_eos": True, "return_token_ids": True}
+            if not stream:
+                return client.completions.create(**args, extra_body=body).choices[0].token_ids
+            chunks = client.completions.create(**args, stream=True, extra_body=body)
+            return [t for chunk in chunks for choice in chunk.choices for t in choice.token_ids]
+
+        # Interleaved so consecutive requests name different adapters: the pool must keep swapping.
+        jobs = [(i, prompt, (i + k) % 2 == 0) for k, prompt in enumerate(PROMPTS) for i in range(NUM_ADAPTERS)]
+        jobs += [(i, PROMPTS[0], False) for i in reversed(range(NUM_ADAPTERS))]
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            results = list(pool.map(ask, jobs))
+        for (i, prompt, _), tokens in zip(jobs, results, strict=True):
+            assert tokens == expected[(i, prompt)], f"adapter {i}, prompt {prompt!r}"
+
+        metrics = server.metrics()
+        assert metrics.value("loraplex_adapter_loads_total", tier="store") == NUM_ADAPTERS  # each downloaded once
+        loads = metrics.value("loraplex_adapter_loads_total", tier="store") + metrics.value(
+            "loraplex_adapter_loads_total", tier="host"
+        )
+        evictions = metrics.value("loraplex_adapter_evictions_total", reason="pressure")
+        assert evictions >= NUM_ADAPTERS - RESIDENT
+        assert loads - evictions == metrics.value("loraplex_adapters_resident", tier="pool") <= RESIDENT
+        assert metrics.value("loraplex_pool_pages", kind="adapter") <= RESIDENT * adapter_pages
+        assert metrics.value("loraplex_pool_pages", kind="kv") == 0
+        assert metrics.value("loraplex_adapters_resident", tier="host") == NUM_ADAPTERS
