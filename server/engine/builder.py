@@ -15,7 +15,7 @@ from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
 from server.engine.model_runner import ModelRunner
 from server.engine.sampler import Sampler
 from server.engine.scheduler import Scheduler
-from server.memory.adapter_pages import AdapterPages
+from server.memory.adapter_pages import AdapterPages, row_alignment
 from server.memory.block_manager import BlockManager
 from server.memory.pool import PagePool
 from server.model.config import ModelConfig
@@ -99,8 +99,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     weights: ModelWeights = load_weights(config.model, model_config, dtype, device)
     geometry = KVGeometry(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size)
     pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, model_config), dtype, device)
-    tables = LoraTables.empty(config.max_adapters, model_config.num_layers, config.max_lora_rank, device)
-    adapters = AdapterPages(pool, tables, model_config.base_shapes())
+    shapes = model_config.base_shapes()
+    row_align = row_alignment(shapes, geometry.page_elems)
+    tables = LoraTables.empty(config.max_adapters, model_config.num_layers, config.max_lora_rank, device, row_align)
+    adapters = AdapterPages(pool, tables, shapes)
     kv_caches = [kv_cache_views(pool.arena, geometry, layer) for layer in range(model_config.num_layers)]
     lora = LoraBinding.create(pool.arena, tables, model_config)
     model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len)

@@ -8,12 +8,13 @@ B^T rows of each projection another, so the CPU path can view them in place as o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import torch
 
 from core.adapter_format import PROJECTIONS, AdapterWeights, BaseShapes
 from core.errors import InvalidRequest, ServiceUnavailable
-from kernels import DOWN, GATE_UP, QKV, LoraTables
+from kernels import DOWN, GATE_UP, QKV, ROW_ALIGN, LoraTables
 from kernels import O as O_PROJ
 from server.memory.pool import PagePool, PageUse
 
@@ -106,6 +107,13 @@ def pack_blocks(blocks: list[RowBlock], page_elems: int) -> tuple[int, list[Plac
     return len(used), placements
 
 
+def row_alignment(shapes: BaseShapes, page_elems: int) -> int:
+    """``ROW_ALIGN`` when every row :func:`pack_blocks` places starts on it (all widths and the page size are
+    multiples), else 1. GPU kernels use it to load adapter rows with wide vector copies."""
+    widths = [w for proj in PROJECTIONS for w in shapes.in_out(proj)]
+    return ROW_ALIGN if all(w % ROW_ALIGN == 0 for w in [*widths, page_elems]) else 1
+
+
 def _ranks_of(weights: AdapterWeights) -> dict[tuple[int, int], int]:
     return {(layer, PROJECTIONS.index(proj)): t.a.shape[0] for (layer, proj), t in weights.modules.items()}
 
@@ -152,12 +160,18 @@ class AdapterPages:
         for placement in placements:
             block = placement.block
             base = pages[placement.page] * self.pool.page_elems + placement.offset
-            rows = []
-            for k, (p, i) in enumerate(block.rows):
+            offsets = (a_rows if block.kind == "A" else b_rows)[block.layer]
+            chunks, k = [], 0
+            # A block's rows are runs of consecutive row indices of one projection: copy and index each
+            # run as a slice rather than row by row (placement sits between engine steps).
+            for p, run in groupby(block.rows, key=lambda row: row[0]):
+                idx = [i for _, i in run]
+                lo, hi = idx[0], idx[-1] + 1
                 tensors = weights.modules[(block.layer, PROJECTIONS[p])]
-                rows.append(tensors.a[i] if block.kind == "A" else tensors.b[:, i])
-                (a_rows if block.kind == "A" else b_rows)[block.layer, p, i] = base + k * block.width
-            data = torch.stack(rows).reshape(-1).to(self.pool.arena.dtype)
+                chunks.append(tensors.a[lo:hi] if block.kind == "A" else tensors.b[:, lo:hi].T)
+                offsets[p, lo:hi] = base + (k + torch.arange(hi - lo, dtype=torch.int64)) * block.width
+                k += hi - lo
+            data = torch.cat(chunks).reshape(-1).to(self.pool.arena.dtype)
             self.pool.arena[base : base + block.elems].copy_(data)
         device = self.tables.a_rows.device
         self.tables.a_rows[slot].copy_(a_rows.to(device))

@@ -117,3 +117,19 @@ def test_limits_are_enforced_with_clear_errors():
     with pytest.raises(PoolExhausted):
         pages.place("huge", adapter(16))
     assert pages.pool.num_free == free_before and "huge" not in pages.resident
+
+
+def test_row_alignment_is_promised_only_when_every_row_start_is_aligned():
+    from kernels import ROW_ALIGN
+    from server.memory.adapter_pages import row_alignment
+
+    assert row_alignment(SHAPES, GEOMETRY.page_elems) == ROW_ALIGN  # widths 16/32/48, page 2048
+    odd = BaseShapes(num_layers=2, hidden_size=36, intermediate_size=52, q_size=36, kv_size=12)
+    assert row_alignment(odd, GEOMETRY.page_elems) == 1
+    pages = make_pages()
+    for name, rank in (("a", 3), ("b", 7), ("c", 5)):
+        pages.place(name, adapter(rank, seed=rank))
+    ranks = pages.tables.ranks
+    for rows in (pages.tables.a_rows, pages.tables.b_rows):
+        used = rows[torch.arange(rows.shape[-1]) < ranks.unsqueeze(-1).long()]
+        assert used.numel() > 0 and bool((used % ROW_ALIGN == 0).all())
