@@ -98,10 +98,12 @@ def uploaded_adapter_row(
 
 
 def retire_adapter(ctx: ApiContext, adapter: Adapter) -> None:
-    """Delete an adapter's files, then mark its row deleted (a store failure leaves it intact to retry)."""
+    """Delete an adapter's files, then mark its row deleted (a store failure leaves it intact to retry),
+    then ask every replica to unload it (best effort; idle adapters are evicted anyway)."""
     ctx.store.delete_prefix(adapter.storage_prefix)
     with ctx.session() as session:
         row = session.get(Adapter, adapter.id)
         if row is not None and row.deleted_at is None:
             row.deleted_at = now()
             session.add(row)
+    ctx.announce_adapter_event("unload", adapter.descriptor())

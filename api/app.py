@@ -7,9 +7,21 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
+from api.background import start_background, stop_background
 from api.context import build_context
 from api.errors import install_error_handlers
-from api.routers import adapters, admin, files, fine_tuning, health, models
+from api.routers import (
+    adapters,
+    admin,
+    completions,
+    dashboard,
+    files,
+    fine_tuning,
+    health,
+    models,
+    tenant_limits,
+    usage,
+)
 from core.settings import Settings
 
 # Every router the app serves, mounted in this order. A new resource adds its router here.
@@ -19,12 +31,16 @@ ROUTERS: tuple[APIRouter, ...] = (
     fine_tuning.router,
     adapters.router,
     models.router,
+    completions.router,
+    usage.router,
     admin.router,
+    tenant_limits.router,
+    dashboard.router,
 )
 
 DESCRIPTION = """OpenAI-compatible control plane of loraplex: upload training files, run LoRA fine-tuning jobs,
-bring your own PEFT adapters, and list the models you can call. Authenticate with `Authorization: Bearer`
-and a tenant key; `/admin` routes take the admin key."""
+bring your own PEFT adapters, call them (`/v1/completions`, `/v1/chat/completions`) and read your usage.
+Authenticate with `Authorization: Bearer` and a tenant key; `/admin` routes take the admin key."""
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -33,7 +49,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        background = start_background(ctx)
         yield
+        await stop_background(background)
+        await ctx.aclose()
         ctx.close()
 
     app = FastAPI(title="loraplex", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

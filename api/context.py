@@ -1,23 +1,33 @@
 """Everything a request handler reaches: settings, database, object store, job queue, base model.
 
 Built once per app by :func:`build_context` (nothing at module level) and reached through the
-dependencies in ``api/deps.py``. Part 2 adds its clients (Redis, replica router) here.
+dependencies in ``api/deps.py``. Inference adds an async Redis client (rate limits, replica registry,
+background consumers), the replica router and the HTTP client to the inference servers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import httpx
+import redis
+import redis.asyncio
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
 
 from api.base_model import BaseModelInfo, load_base_model
+from api.inference.upstream import Upstream
 from api.job_queue import JobQueue
+from api.rate_limits import RateLimiter
+from api.routing.registry import ReplicaRegistry
+from api.routing.router import ReplicaRouter
 from core.db import make_engine, read_session, session_scope
-from core.queue import make_celery
+from core.descriptor import AdapterDescriptor
+from core.queue import ADAPTER_EVENTS_CHANNEL, make_celery, redis_url
 from core.settings import Settings
 from core.storage import ObjectStore, open_store
 
@@ -33,6 +43,11 @@ class ApiContext:
     store: ObjectStore
     jobs: JobQueue
     base_model: BaseModelInfo
+    redis: redis.asyncio.Redis
+    router: ReplicaRouter
+    upstream: Upstream
+    limits: RateLimiter
+    events: redis.Redis  # synchronous, for announcements from sync route handlers
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -59,9 +74,23 @@ class ApiContext:
                 log.exception("could not remove the objects of a row that was not inserted")
             raise
 
+    def announce_adapter_event(self, event: str, adapter: AdapterDescriptor) -> None:
+        """Publish ``{"event", "adapter"}`` on the adapter events channel (best effort: logged on failure)."""
+        message = json.dumps({"event": event, "adapter": adapter.model_dump(mode="json")})
+        try:
+            self.events.publish(ADAPTER_EVENTS_CHANNEL, message)
+        except (redis.RedisError, OSError):
+            log.warning("could not announce %s of adapter %s", event, adapter.id, exc_info=True)
+
+    async def aclose(self) -> None:
+        """Release the async clients (at shutdown, in the event loop that used them)."""
+        await self.upstream.client.aclose()
+        await self.redis.aclose()
+
     def close(self) -> None:
         """Release connections (at shutdown)."""
         self.jobs.close()
+        self.events.close()
         self.engine.dispose()
 
 
@@ -72,10 +101,26 @@ def build_context(settings: Settings) -> ApiContext:
     they return.
     """
     base_model = load_base_model(settings)
+    url = redis_url(settings)
+    # Short socket timeouts: with Redis down, a request should get its 503 in about a second.
+    async_redis = redis.asyncio.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=3.0)
+    router = ReplicaRouter(ReplicaRegistry(async_redis, base_model.name))
+    timeout = httpx.Timeout(
+        connect=settings.upstream_connect_timeout_s, read=settings.upstream_read_timeout_s, write=30.0, pool=30.0
+    )
+    client = httpx.AsyncClient(
+        timeout=timeout, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    )
+    token = settings.internal_token.get_secret_value() if settings.internal_token else None
     return ApiContext(
         settings=settings,
         engine=make_engine(settings.db_url),
         store=open_store(settings),
         jobs=JobQueue(make_celery(settings)),
         base_model=base_model,
+        redis=async_redis,
+        router=router,
+        upstream=Upstream(client, router, token, settings.upstream_attempts),
+        limits=RateLimiter(async_redis, settings),
+        events=redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0),
     )

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
+from core.descriptor import AdapterDescriptor
 from core.ids import now
 
 
@@ -129,6 +130,18 @@ class Adapter(SQLModel, table=True):
     size_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     created_at: int = Field(default_factory=now)
     deleted_at: int | None = None
+
+    def descriptor(self) -> AdapterDescriptor:
+        """What an inference server needs to fetch, verify and place this adapter."""
+        return AdapterDescriptor(
+            id=self.id,
+            name=self.name,
+            base_model=self.base_model,
+            storage_prefix=self.storage_prefix,
+            sha256=self.sha256,
+            config_sha256=self.config_sha256,
+            rank=self.rank,
+        )
 
 
 class UsageRecord(SQLModel, table=True):

@@ -45,6 +45,18 @@ class Settings(BaseSettings):
     max_lora_rank: int = Field(default=64, ge=1, le=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # Inference through the API: per-tenant limits (a tenant row's own values override the defaults;
+    # 0 means no limit), request caps, and how the API talks to inference server replicas.
+    default_requests_per_minute: int = Field(default=600, ge=0, description="Requests/min per tenant (0: none).")
+    default_tokens_per_minute: int = Field(default=1_000_000, ge=0, description="Tokens/min per tenant (0: none).")
+    rate_limit_burst_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="Burst allowed at once, in seconds of a tenant's rate."
+    )
+    inference_max_n: int = Field(default=8, ge=1, le=128, description="Largest `n` an inference request may ask.")
+    upstream_connect_timeout_s: float = Field(default=3.0, gt=0, description="Connecting to a replica.")
+    upstream_read_timeout_s: float = Field(default=600.0, gt=0, description="Silence tolerated from a replica.")
+    upstream_attempts: int = Field(default=3, ge=1, le=10, description="Replicas tried before a request fails.")
+
     @field_validator("data_dir", "storage_dir", "base_model", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:

@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 # Segments up to this many tokens go through the C loop; longer ones amortise torch's per-op cost.
 SHORT_SEGMENT = 16
-C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-pthread")
+# No -ffast-math: linking with it sets flush-to-zero for the whole process (crtfastmath), which changes
+# float behaviour for everything else loaded alongside (Hypothesis refuses to run, for one).
+C_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 C_LIBS = ("-lm",)
 
 

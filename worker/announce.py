@@ -7,7 +7,6 @@ import logging
 
 import redis
 
-from core.descriptor import AdapterDescriptor
 from core.models import Adapter
 from core.queue import ADAPTER_EVENTS_CHANNEL, redis_url
 from core.settings import Settings
@@ -15,22 +14,9 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def descriptor_of(adapter: Adapter) -> AdapterDescriptor:
-    """What a server needs to fetch and verify ``adapter``."""
-    return AdapterDescriptor(
-        id=adapter.id,
-        name=adapter.name,
-        base_model=adapter.base_model,
-        storage_prefix=adapter.storage_prefix,
-        sha256=adapter.sha256,
-        config_sha256=adapter.config_sha256,
-        rank=adapter.rank,
-    )
-
-
 def announce_prefetch(settings: Settings, adapter: Adapter) -> bool:
     """Publish ``{"event": "prefetch", "adapter": descriptor}`` on the adapter events channel; False on failure."""
-    message = json.dumps({"event": "prefetch", "adapter": descriptor_of(adapter).model_dump(mode="json")})
+    message = json.dumps({"event": "prefetch", "adapter": adapter.descriptor().model_dump(mode="json")})
     try:
         client = redis.Redis.from_url(redis_url(settings), socket_timeout=2, socket_connect_timeout=2)
         with client:

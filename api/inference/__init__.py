@@ -1,0 +1,1 @@
+"""OpenAI-compatible inference through the API: validate, admit, route to a replica, relay, meter."""

@@ -1,0 +1,78 @@
+"""One ``UsageRecord(kind="inference")`` per request that reached a replica, however it ended."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.models import Tenant, UsageRecord
+
+log = logging.getLogger(__name__)
+
+
+class Outcome:
+    """How a request ended, as stored in ``UsageRecord.status``."""
+
+    COMPLETED = "completed"
+    REJECTED = "rejected"  # the replica refused it (4xx), e.g. the prompt exceeds the context
+    CLIENT_DISCONNECTED = "client_disconnected"
+    UPSTREAM_FAILED = "upstream_failed"  # the replica broke off after the answer had started
+    UPSTREAM_ERROR = "upstream_error"  # the replica reported an error inside the stream
+
+
+@dataclass
+class InferenceMeter:
+    """What one request cost, filled in as the answer passes through."""
+
+    tenant: Tenant
+    model: str
+    adapter_id: str | None
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    replica: str | None = None
+    usage: dict[str, Any] | None = None
+    stats: dict[str, Any] | None = None
+    delivered_pieces: int = 0  # text-carrying choice deltas sent to the client
+    first_output_at: float | None = None
+    status: str = Outcome.COMPLETED
+    finished: bool = False  # charged and recorded
+
+    def saw_output(self, pieces: int) -> None:
+        if pieces and self.first_output_at is None:
+            self.first_output_at = time.monotonic()
+        self.delivered_pieces += pieces
+
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens: the server's count, or what was delivered when the stream broke off
+        before the server's usage arrived (one decode step per delivered piece)."""
+        usage = self.usage or {}
+        prompt = _int(usage.get("prompt_tokens"))
+        completion = _int(usage.get("completion_tokens")) if self.usage else self.delivered_pieces
+        return prompt, completion
+
+    def record(self) -> UsageRecord:
+        """The row to store, at the end of the request."""
+        stats = self.stats or {}
+        prompt, completion = self.tokens()
+        ended = time.monotonic()
+        return UsageRecord(
+            tenant_id=self.tenant.id,
+            kind="inference",
+            model=self.model,
+            adapter_id=self.adapter_id,
+            request_id=self.request_id,
+            replica=str(stats.get("replica") or self.replica or "") or None,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            gpu_seconds=float(stats.get("gpu_seconds") or 0.0),
+            latency_ms=(ended - self.started) * 1000,
+            ttft_ms=None if self.first_output_at is None else (self.first_output_at - self.started) * 1000,
+            cold_start=bool(stats.get("cold_start", False)),
+            status=self.status,
+        )
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0

@@ -1,0 +1,101 @@
+"""One inference request from start to end: check it, admit it, find its replica, answer, meter it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.context import ApiContext
+from api.errors import error_body
+from api.inference.metering import InferenceMeter, Outcome
+from api.inference.relay import StreamRelay
+from api.inference.requests import InferenceBody, check_request, upstream_body
+from api.inference.target import find_model
+from api.inference.upstream import Opened
+from core.ids import new_id
+from core.models import Tenant
+from core.protocol import STATS_FIELD
+
+log = logging.getLogger(__name__)
+
+
+async def serve_inference(
+    ctx: ApiContext, tenant: Tenant, request: Request, body: InferenceBody, path: str
+) -> Response:
+    """Answer ``body`` (already validated by its schema) for ``tenant`` through a replica's ``path``."""
+    check_request(body, max_n=ctx.settings.inference_max_n, context_length=ctx.base_model.context_length)
+    adapter = await run_in_threadpool(find_model, ctx, tenant, body.model)
+    await ctx.limits.admit(tenant)
+    raw: dict[str, Any] = await request.json()  # the body as sent (schema defaults are not added)
+    forwarded, wants_usage = upstream_body(raw, adapter.descriptor() if adapter else None)
+    request_id = new_id("req")
+    meter = InferenceMeter(
+        tenant=tenant, model=body.model, adapter_id=adapter.id if adapter else None, request_id=request_id
+    )
+    stream = bool(body.stream)
+    opened = await ctx.upstream.open(path, forwarded, meter.adapter_id, stream=stream, request_id=request_id)
+    meter.replica = opened.replica.id
+    if stream and not opened.refused:
+        return StreamRelay(opened, meter, wants_usage, finish=lambda m: finish_request(ctx, m))
+    try:
+        return answer_in_full(opened, meter)
+    finally:
+        await opened.close()
+        await finish_request(ctx, meter)
+
+
+def answer_in_full(opened: Opened, meter: InferenceMeter) -> Response:
+    """A replica's complete answer (or refusal) for the client, without the metering fields."""
+    headers = {"x-request-id": meter.request_id}
+    try:
+        data = json.loads(opened.body or b"")
+    except ValueError:
+        data = None
+    if opened.refused:
+        meter.status = Outcome.REJECTED
+        return JSONResponse(openai_error(data, opened), status_code=opened.status_code, headers=headers)
+    if not isinstance(data, dict):
+        return Response(opened.body, status_code=opened.status_code, headers=headers, media_type="application/json")
+    stats = data.pop(STATS_FIELD, None)
+    meter.stats = stats if isinstance(stats, dict) else None
+    usage = data.get("usage")
+    meter.usage = usage if isinstance(usage, dict) else None
+    return JSONResponse(data, status_code=opened.status_code, headers=headers)
+
+
+def openai_error(data: object, opened: Opened) -> dict[str, Any]:
+    """A replica's refusal in the OpenAI error shape, whatever shape it came in."""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return data
+    detail = data.get("detail") if isinstance(data, dict) else None
+    if isinstance(detail, str):
+        message = detail
+    elif detail is not None:
+        message = json.dumps(detail)
+    else:
+        message = (opened.body or b"").decode(errors="replace")[:500] or f"HTTP {opened.status_code}"
+    return error_body(message, "invalid_request_error")
+
+
+async def finish_request(ctx: ApiContext, meter: InferenceMeter) -> None:
+    """Charge the request's tokens to the tenant's limit and store its usage record (once), before the
+    client sees the end of the answer: its next request then finds both."""
+    if meter.finished:
+        return
+    meter.finished = True
+    row = meter.record()
+    await ctx.limits.debit_tokens(meter.tenant, row.prompt_tokens + row.completion_tokens)
+    try:
+        await run_in_threadpool(_insert, ctx, row)
+    except Exception:
+        log.exception("could not store the usage of request %s (tenant %s)", meter.request_id, meter.tenant.id)
+
+
+def _insert(ctx: ApiContext, row: object) -> None:
+    with ctx.session() as session:
+        session.add(row)

@@ -1,0 +1,33 @@
+"""What a request's ``model`` names: the base model, or one of the caller's live adapters."""
+
+from __future__ import annotations
+
+from sqlmodel import select
+
+from api.context import ApiContext
+from core.errors import NotFound
+from core.models import Adapter, Tenant
+
+
+def find_model(ctx: ApiContext, tenant: Tenant, model: str) -> Adapter | None:
+    """None for the base model, the adapter for one of the caller's; ``NotFound`` otherwise (another
+    tenant's adapter answers exactly like a missing one)."""
+    if model == ctx.base_model.name:
+        return None
+    row = None
+    if model.isprintable():  # no stored name holds control characters; some databases reject NUL outright
+        with ctx.reading() as session:
+            row = session.exec(
+                select(Adapter).where(
+                    Adapter.name == model,
+                    Adapter.tenant_id == tenant.id,
+                    Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
+                )
+            ).first()
+    if row is None:
+        raise NotFound(
+            f"the model {model!r} does not exist or you do not have access to it; GET /v1/models lists yours",
+            param="model",
+            code="model_not_found",
+        )
+    return row

@@ -1,0 +1,1 @@
+"""Choosing an inference server replica: heartbeats read from Redis, rendezvous hashing with spill-over."""

@@ -1,0 +1,1 @@
+"""Usage reports: what tenants used (inference, training, residency) and hold (storage), over a period."""

@@ -1,0 +1,89 @@
+"""Killing a replica (SIGKILL, no goodbye) while it serves an adapter: its adapter moves to the other
+replica, no request that had not started streaming fails (in-flight non-streaming ones are replayed),
+and a stream that had started ends with an error event instead of hanging."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from api.routing.plan import rendezvous_order
+from core.local_services import EmbeddedRedis
+from core.settings import Settings
+from tests.integration.api_inference.conftest import upload_adapter
+from tests.integration.api_inference.deployment import Deployment, Replica, deploy
+from tests.services import S3Service
+
+pytestmark = pytest.mark.slow
+LONG = {"max_tokens": 2000, "extra_body": {"ignore_eos": True}}  # seconds of decoding on the tiny model
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tmp_path_factory: pytest.TempPathFactory, redis_service: EmbeddedRedis, s3_service: S3Service, tiny_model_dir: Path
+) -> Iterator[Deployment]:
+    """Its own API and two replicas: this module kills one of them."""
+    workdir = tmp_path_factory.mktemp("failover")
+    deployment = deploy(workdir, redis_service.url, s3_service, tiny_model_dir)
+    try:
+        deployment.start_replicas(tiny_model_dir, ["replica-1", "replica-2"], workdir)
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def running(replica: Replica, settings: Settings) -> int:
+    """Requests the replica's engine is generating for right now (its Prometheus gauge)."""
+    token = settings.internal_token.get_secret_value() if settings.internal_token else ""
+    metrics = httpx.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+    [line] = [line for line in metrics.splitlines() if line.startswith("loraplex_requests_running ")]
+    return int(float(line.split()[1]))
+
+
+def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
+    pair: Deployment, peft_adapter_dir: Path
+) -> None:
+    tenant = pair.make_tenant()
+    adapter = upload_adapter(tenant, peft_adapter_dir)
+    model = adapter["model"]
+    client = tenant.openai(timeout=120.0)  # a hang fails the test instead of blocking it
+    home, other = (r.id for r in rendezvous_order(adapter["id"], pair.heartbeats().values()))
+    client.completions.create(model=model, prompt="warm up", max_tokens=2)
+    assert [r.replica for r in pair.usage_records(tenant.id)] == [home]
+
+    # Two requests in flight on the adapter's replica: a non-streaming one that has delivered nothing, and
+    # a stream that has delivered text. The long one starts first, so both run when the replica dies.
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.completions.create, model=model, prompt="Another story", **LONG)
+        pair.wait_until(lambda: running(pair.replicas[home], pair.settings) >= 1, f"a request to run on {home}")
+        stream = client.completions.create(model=model, prompt="Tell a story", stream=True, **LONG)  # type: ignore[call-overload]
+        assert next(chunk for chunk in stream if chunk.choices and chunk.choices[0].text)
+        pair.replicas[home].process.kill()
+
+        with pytest.raises(openai.APIError) as broken:
+            for _ in stream:
+                pass
+        assert "stopped in the middle of the answer" in broken.value.message
+        replayed = waiting.result(timeout=300)
+    assert replayed.usage is not None and replayed.usage.completion_tokens == 2000
+
+    # Requests after the kill, streaming or not: every one is answered, by the other replica.
+    for streaming in (False, True, False, True):
+        out = client.completions.create(model=model, prompt="after", max_tokens=3, stream=streaming)
+        if streaming:
+            assert [c for c in out if c.choices and c.choices[0].finish_reason]  # type: ignore[union-attr]
+        else:
+            assert out.choices[0].finish_reason  # type: ignore[union-attr]
+    base = client.chat.completions.create(model=pair.base_model, messages=[{"role": "user", "content": "hi"}])
+    assert base.choices[0].message is not None
+
+    records = pair.wait_until(lambda: r if len(r := pair.usage_records(tenant.id)) == 8 else None, "all metering")
+    # The started stream failed on the dead replica; the waiting request was answered by the other one.
+    assert {(r.replica, r.status) for r in records[1:3]} == {(home, "upstream_failed"), (other, "completed")}
+    assert {r.replica for r in records[3:]} == {other}
+    pair.wait_until(lambda: adapter["id"] in pair.heartbeats()[other].resident_adapters, "the adapter to move")

@@ -1,0 +1,79 @@
+"""Adapter-affinity routing over two real replicas: an adapter's requests all go to its rendezvous replica,
+a finished job's adapter is prefetched there, and a deleted adapter leaves every replica."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from api.routing.plan import rendezvous_order
+from core import db
+from core.models import Adapter
+from tests.integration.api_inference.conftest import upload_adapter
+from tests.integration.api_inference.deployment import Deployment
+from worker.announce import announce_prefetch
+
+pytestmark = pytest.mark.slow
+
+
+def home_of(serving: Deployment, adapter_id: str) -> str:
+    return rendezvous_order(adapter_id, serving.heartbeats().values())[0].id
+
+
+def test_an_announced_adapter_is_prefetched_into_the_pool_of_its_own_replica_only(
+    serving: Deployment, peft_adapter_dir: Path
+) -> None:
+    tenant = serving.make_tenant()
+    adapter_id = upload_adapter(tenant, peft_adapter_dir)["id"]
+    with db.read_session(serving.engine) as session:
+        row = session.get(Adapter, adapter_id)
+    assert row is not None
+
+    assert announce_prefetch(serving.settings, row)  # what the worker does when a job succeeds
+
+    home = home_of(serving, adapter_id)
+    serving.wait_until(
+        lambda: adapter_id in serving.heartbeats()[home].resident_adapters,
+        f"{adapter_id} to be resident on {home}",
+        timeout=60,
+    )
+    others = [s for rid, s in serving.heartbeats().items() if rid != home]
+    assert others and all(adapter_id not in s.resident_adapters for s in others)
+    assert serving.usage_records(tenant.id) == []  # no request brought it there
+
+
+def test_every_request_for_an_adapter_goes_to_one_replica(serving: Deployment, peft_adapter_dir: Path) -> None:
+    tenant = serving.make_tenant()
+    adapters = [upload_adapter(tenant, peft_adapter_dir) for _ in range(4)]
+    client = tenant.openai()
+    for adapter in adapters:
+        for stream in (False, True, False):
+            out = client.completions.create(model=adapter["model"], prompt="hi", max_tokens=3, stream=stream)
+            if stream:
+                list(out)  # type: ignore[arg-type]
+
+    serving.wait_until(lambda: len(serving.usage_records(tenant.id)) == 12, "all requests to be metered")
+    served_by: dict[str, set[str | None]] = {}
+    for record in serving.usage_records(tenant.id):
+        served_by.setdefault(record.adapter_id or "", set()).add(record.replica)
+    assert served_by == {a["id"]: {home_of(serving, a["id"])} for a in adapters}
+    first_uses = {}
+    for record in serving.usage_records(tenant.id):  # in id order: each adapter's first request comes first
+        first_uses.setdefault(record.adapter_id, record)
+    assert all(record.cold_start for record in first_uses.values())
+
+
+def test_a_deleted_adapter_leaves_every_replica(serving: Deployment, peft_adapter_dir: Path) -> None:
+    tenant = serving.make_tenant()
+    adapter = upload_adapter(tenant, peft_adapter_dir)
+    tenant.openai().completions.create(model=adapter["model"], prompt="hi", max_tokens=2)
+    home = home_of(serving, adapter["id"])
+    serving.wait_until(lambda: adapter["id"] in serving.heartbeats()[home].resident_adapters, "the adapter to load")
+
+    tenant.openai().models.delete(adapter["model"])
+
+    def gone() -> bool:
+        return all(adapter["id"] not in (*s.resident_adapters, *s.host_adapters) for s in serving.heartbeats().values())
+
+    serving.wait_until(gone, "the deleted adapter to be unloaded everywhere", timeout=60)

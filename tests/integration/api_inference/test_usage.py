@@ -1,0 +1,102 @@
+"""Metering: ``/admin/usage`` and ``/v1/usage`` add up to exactly the ``usage`` the client was given, in JSON
+and CSV alike, and a stream the client abandons is still metered at what it received."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from tests.integration.api_inference.conftest import TrainedAdapter
+from tests.integration.api_inference.deployment import Deployment
+
+pytestmark = pytest.mark.slow
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trained_adapter: TrainedAdapter) -> None:
+    tenant = serving.make_tenant()
+    client = tenant.openai()
+    received = []  # (prompt, completion) per request, from the answers themselves
+    for model in (serving.base_model,):
+        answer = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5)
+        received.append((answer.usage.prompt_tokens, answer.usage.completion_tokens))
+        answer = client.completions.create(model=model, prompt="Once upon", max_tokens=7, n=2)
+        received.append((answer.usage.prompt_tokens, answer.usage.completion_tokens))
+        for endpoint in ("chat", "completions"):
+            kwargs = {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4}
+            if endpoint == "chat":
+                stream = client.chat.completions.create(model=model, messages=MESSAGES, **kwargs)  # type: ignore[call-overload]
+            else:
+                stream = client.completions.create(model=model, prompt="Hello", **kwargs)  # type: ignore[call-overload]
+            [usage] = [chunk.usage for chunk in stream if chunk.usage is not None]
+            received.append((usage.prompt_tokens, usage.completion_tokens))
+
+    serving.wait_until(lambda: len(serving.usage_records(tenant.id)) == len(received), "every request to be metered")
+    report, as_csv = json_and_csv(serving, {"group_by": "tenant"})
+    [mine] = [row for row in report["data"] if row["tenant_id"] == tenant.id]
+
+    assert mine["requests"] == len(received) and mine["failed_requests"] == 0
+    assert mine["prompt_tokens"] == sum(p for p, _ in received)
+    assert mine["completion_tokens"] == sum(c for _, c in received)
+    assert mine["gpu_seconds"] > 0
+    [csv_row] = [row for row in as_csv if row["tenant_id"] == tenant.id]
+    assert {k: str(v) for k, v in mine.items()} == csv_row
+
+    with tenant.http() as http:
+        own = http.get("/v1/usage", params={"group_by": "adapter"}).json()
+    assert [row["model"] for row in own["data"]] == [serving.base_model]
+    assert own["totals"]["prompt_tokens"] == mine["prompt_tokens"]
+    assert own["totals"]["completion_tokens"] == mine["completion_tokens"]
+
+
+def json_and_csv(serving: Deployment, params: dict[str, str]) -> tuple[dict, list[dict[str, str]]]:
+    """The same report as JSON and as CSV rows, read while no usage arrived in between (servers report
+    adapter residency all the time): JSON is read before and after the CSV until both reads agree."""
+
+    def consistent() -> tuple[dict, list[dict[str, str]]] | None:
+        with serving.admin() as admin:
+            before = admin.get("/admin/usage", params=params).json()
+            as_csv = admin.get("/admin/usage", params={**params, "format": "csv"})
+            after = admin.get("/admin/usage", params=params).json()
+        assert as_csv.headers["content-type"].startswith("text/csv")
+        rows = list(csv.DictReader(io.StringIO(as_csv.text)))
+        return (after, rows) if before == after else None
+
+    return serving.wait_until(consistent, "a report that did not change while it was read")
+
+
+@pytest.mark.parametrize("group_by", ["tenant", "adapter", "day"])
+def test_csv_and_json_reports_agree(serving: Deployment, trained_adapter: TrainedAdapter, group_by: str) -> None:
+    trained_adapter.owner.openai().completions.create(model=trained_adapter.model, prompt="x", max_tokens=2)
+    report, rows = json_and_csv(serving, {"group_by": group_by, "from": "2020-01-01"})
+    data = report["data"]
+    assert data and len(rows) == len(data)
+    for row, obj in zip(rows, data, strict=True):
+        assert row == {k: "" if v is None else str(v) for k, v in obj.items()}
+
+
+def test_training_is_in_the_owners_report(serving: Deployment, trained_adapter: TrainedAdapter) -> None:
+    with trained_adapter.owner.http() as http:
+        own = http.get("/v1/usage", params={"group_by": "adapter"}).json()
+    [row] = [r for r in own["data"] if r["adapter_id"] == trained_adapter.adapter_id]
+    assert row["model"] == trained_adapter.model
+    assert row["training_tokens"] > 0 and row["job_compute_seconds"] > 0 and row["storage_bytes"] > 0
+
+
+def test_a_stream_the_client_abandons_is_metered_at_what_it_received(serving: Deployment) -> None:
+    tenant = serving.make_tenant()
+    body = {"model": serving.base_model, "prompt": "Go on", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    pieces = 0
+    with tenant.http() as http, http.stream("POST", "/v1/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"text":""' not in line:
+                pieces += 1
+            if pieces == 3:
+                break  # leaving the block closes the connection mid-stream
+
+    [record] = serving.wait_until(lambda: serving.usage_records(tenant.id), "the abandoned stream to be metered")
+    assert record.status == "client_disconnected"
+    assert 3 <= record.completion_tokens < 2000
+    assert record.ttft_ms is not None and record.latency_ms is not None and record.latency_ms >= record.ttft_ms

@@ -1,0 +1,76 @@
+"""What the client sees of a replica's stream, and what the request is metered at."""
+
+from __future__ import annotations
+
+from api.inference.metering import InferenceMeter, Outcome
+from api.inference.relay import broken_stream_events, client_event
+from api.inference.sse import EventSplitter, encode_event, parse_event
+from core.models import Tenant
+from core.protocol import STATS_FIELD
+
+STATS = {"replica": "r1", "cold_start": True, "adapter_load_ms": 12.0, "queue_ms": 1.0, "gpu_seconds": 0.25}
+
+
+def text(piece: str) -> dict:
+    return {"id": "c", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+
+
+def usage_chunk() -> dict:
+    return {"id": "c", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}, STATS_FIELD: STATS}
+
+
+def meter() -> InferenceMeter:
+    return InferenceMeter(
+        tenant=Tenant(id="tenant-1", name="acme"), model="ft:x", adapter_id="adapter-1", request_id="r"
+    )
+
+
+def relay(events: list[dict], wants_usage: bool) -> tuple[list[dict], InferenceMeter]:
+    m = meter()
+    out = [client_event(parse_event(encode_event(e)), m, wants_usage=wants_usage) for e in events]
+    return [parse_event(o).body for o in out if o is not None], m
+
+
+def test_a_client_that_asked_for_usage_gets_the_usage_chunk_without_the_stats() -> None:
+    seen, m = relay([text("a"), text("b"), usage_chunk()], wants_usage=True)
+    assert seen[-1] == {"id": "c", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
+    assert all(STATS_FIELD not in body for body in seen)
+    record = m.record()
+    assert (record.prompt_tokens, record.completion_tokens, record.cold_start) == (7, 2, True)
+    assert (record.replica, record.gpu_seconds, record.status) == ("r1", 0.25, Outcome.COMPLETED)
+    assert record.ttft_ms is not None and record.latency_ms is not None
+
+
+def test_a_client_that_did_not_ask_gets_no_usage_chunk_but_the_request_is_still_metered() -> None:
+    seen, m = relay([text("a"), usage_chunk()], wants_usage=False)
+    assert seen == [text("a")]
+    assert m.tokens() == (7, 2)
+
+
+def test_usage_riding_on_a_text_chunk_is_removed_not_the_text() -> None:
+    chunk = {**text("z"), "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    seen, _ = relay([chunk], wants_usage=False)
+    assert seen == [text("z")]
+
+
+def test_unchanged_chunks_pass_byte_for_byte() -> None:
+    raw = b'data: {"id":"c",  "choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    assert client_event(parse_event(raw), meter(), wants_usage=False) == raw
+
+
+def test_a_stream_cut_short_is_metered_at_what_was_delivered() -> None:
+    _, m = relay([text("a"), text("b"), text("c")], wants_usage=True)
+    m.status = Outcome.CLIENT_DISCONNECTED
+    record = m.record()
+    assert (record.prompt_tokens, record.completion_tokens, record.status) == (0, 3, "client_disconnected")
+
+
+def test_a_broken_stream_ends_with_an_openai_error_then_done() -> None:
+    events = [parse_event(e) for e in EventSplitter().feed(broken_stream_events("replica died"))]
+    assert events[0].error == {
+        "message": "replica died",
+        "type": "server_error",
+        "param": None,
+        "code": "upstream_failed",
+    }
+    assert events[1].done
