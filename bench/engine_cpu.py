@@ -23,6 +23,7 @@ import argparse
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,13 +31,14 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
+
+from bench.common import RANKS, load_peft, make_adapters
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine import SamplingParams
 from server.offline import LLM
 
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 OUTPUT_LENGTHS = (8, 16, 32, 64, 128, 256)
-RANKS = (8, 16, 32)
 
 
 @dataclass
@@ -69,28 +71,6 @@ def make_workload(num_requests: int, num_adapters: int, seed: int) -> list[tuple
     return requests
 
 
-def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path]:
-    """PEFT adapters with random non-zero weights, ranks cycling through 8/16/32."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    dirs = []
-    for i in range(num_adapters):
-        torch.manual_seed(100 + i)
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        rank = RANKS[i % len(RANKS)]
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
-        model = get_peft_model(base, config)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(0.0, 0.02)
-        path = out_dir / f"adapter-{i:02d}"
-        model.save_pretrained(path)
-        dirs.append(path)
-    return dirs
-
-
 def matmul_gflops(seconds: float = 1.5) -> float:
     """The machine's fp32 matmul rate on a large GEMM of the model's shapes (GFLOP/s)."""
     a, b = torch.randn(1024, 512), torch.randn(512, 1408)
@@ -115,17 +95,6 @@ def run_ours(model_dir: Path, workload, adapter_dirs: list[Path] | None, pool_by
     with Stopwatch() as watch:
         outputs = llm.generate(requests)
     return Run(watch.wall, watch.cpu, sum(len(out.outputs[0].token_ids) for out in outputs))
-
-
-def load_peft(model_dir: Path, adapter_dirs: list[Path]):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, adapter_dirs[0], adapter_name="a0")
-    for i, path in enumerate(adapter_dirs[1:], start=1):
-        model.load_adapter(path, adapter_name=f"a{i}")
-    return model.eval()
 
 
 def run_peft_batched(model, workload) -> Run:

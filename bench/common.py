@@ -1,0 +1,51 @@
+"""Helpers the CPU benchmarks share: PEFT adapters with non-zero weights, and a PEFT model holding them all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+RANKS = (8, 16, 32)
+
+
+def adapter_dir_name(index: int) -> str:
+    """Directory (and, under an adapter root, model) name of the ``index``-th benchmark adapter."""
+    return f"adapter-{index:02d}"
+
+
+def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path]:
+    """PEFT adapters with random non-zero weights, ranks cycling through 8/16/32."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    dirs = []
+    for i in range(num_adapters):
+        torch.manual_seed(100 + i)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        rank = RANKS[i % len(RANKS)]
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
+        model = get_peft_model(base, config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.02)
+        path = out_dir / adapter_dir_name(i)
+        model.save_pretrained(path)
+        dirs.append(path)
+    return dirs
+
+
+def load_peft(model_dir: Path, adapter_dirs: list[Path], names: list[str] | None = None) -> Any:
+    """One ``PeftModel`` with every adapter loaded (named ``names``, default ``a0``, ``a1``, ...), in eval mode."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    names = names or [f"a{i}" for i in range(len(adapter_dirs))]
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter_dirs[0], adapter_name=names[0])
+    for name, path in zip(names[1:], adapter_dirs[1:], strict=True):
+        model.load_adapter(path, adapter_name=name)
+    return model.eval()
