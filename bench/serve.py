@@ -69,6 +69,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pool-mib", type=int, default=128, help="our unified KV/adapter pool")
     parser.add_argument("--adapter-idle-ttl", type=float, default=10.0, help="our pool's idle TTL (scale to zero)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    parser.add_argument(
+        "--step-tokens", type=int, default=2048, help="our engine's tokens per step (prompts prefill in chunks)"
+    )
     parser.add_argument("--max-batch", type=int, help="baseline requests per adapter batch (default: N)")
     args = parser.parse_args()
     if args.requests is not None and args.duration is not None:
@@ -177,7 +180,9 @@ def main() -> None:
         make_adapters(model_dir, adapter_root, args.adapters)
         adapter_models = [adapter_dir_name(i) for i in range(args.adapters)]
         say(f"model and adapters written in {time.perf_counter() - started:.1f} s")
-        options = OursOptions(args.pool_mib << 20, args.resident, args.adapter_idle_ttl, max(RANKS), args.threads)
+        options = OursOptions(
+            args.pool_mib << 20, args.resident, args.adapter_idle_ttl, max(RANKS), args.threads, args.step_tokens
+        )
         results = {}
         for label in ("ours", "PEFT"):
             if label == "ours":

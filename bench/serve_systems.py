@@ -32,6 +32,7 @@ class OursOptions:
     adapter_idle_ttl: float
     max_lora_rank: int
     threads: int
+    step_tokens: int = 2048
 
 
 @dataclass
@@ -135,6 +136,7 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
         "--host-idle-ttl", str(max(options.adapter_idle_ttl, 3600.0)),
         "--max-lora-rank", str(options.max_lora_rank),
         "--threads", str(options.threads),
+        "--max-num-batched-tokens", str(options.step_tokens),
     ]  # fmt: skip
     env = child_env(workdir, options.threads)
     process = ManagedProcess("loraplex server", argv, workdir / "logs" / "ours.log", env=env).start()

@@ -30,6 +30,10 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="Bytes of the unified KV/adapter pool (default: 90% of free GPU memory, 1 GiB on CPU)."),
         ] = None,
         max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's).")] = None,
+        max_num_batched_tokens: Annotated[
+            int,
+            typer.Option(help="Tokens per engine step; long prompts prefill in chunks of this (lower: steadier ITL)."),
+        ] = 2048,
         max_lora_rank: Annotated[
             int | None, typer.Option(help="Largest adapter rank (default: LORAPLEX_MAX_LORA_RANK).")
         ] = None,
@@ -78,6 +82,7 @@ def register(app: typer.Typer) -> None:
                 port=port,
                 pool_bytes=pool_bytes,
                 max_model_len=max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens,
                 max_lora_rank=max_lora_rank or settings.max_lora_rank,
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,

@@ -28,6 +28,7 @@ class ServerConfig:
     pool_bytes: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048  # per engine step; smaller keeps decodes flowing while prompts prefill
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
@@ -99,6 +100,7 @@ class ServerConfig:
             pool_bytes=self.pool_bytes,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             max_adapters=self.max_resident_adapters,
             max_lora_rank=self.max_lora_rank,
             num_threads=self.num_threads,
