@@ -134,13 +134,26 @@ def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: s
     try:
         while not stop["now"]:
             for child in platform.children:
+                was = child.state
                 _check_child(child, env, logs, say)
+                if child.name == "api" and was == "starting" and child.state == "running":
+                    _announce_login_link(platform.api_url, admin_key, say)
             if live:
                 live.update(_status_table(platform, admin_key))
             time.sleep(0.5)
     finally:
         if live:
             live.stop()
+
+
+def _announce_login_link(api_url: str, admin_key: str, say: Callable[[str], None]) -> None:
+    """Print a dashboard link that signs the browser in (valid 15 minutes), so nobody pastes the key."""
+    try:
+        answer = httpx.post(f"{api_url}/admin/login-links", headers={"Authorization": f"Bearer {admin_key}"}, timeout=5)
+        answer.raise_for_status()
+        say(f"dashboard sign-in link (15 min): {api_url}{answer.json()['url']}")
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        say(f"[yellow]no dashboard sign-in link ({exc}); sign in at {api_url}/admin with the admin key")
 
 
 def _check_child(child: Child, env: dict[str, str], logs: Path, say: Callable[[str], None]) -> None:
