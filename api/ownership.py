@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
-from sqlmodel import Session, SQLModel
+from sqlmodel import Session, SQLModel, select
 
 from core.errors import NotFound
-from core.models import Tenant
+from core.models import Adapter, Tenant
 
 Row = TypeVar("Row", bound=SQLModel)
 
@@ -29,3 +29,16 @@ def get_owned(session: Session, model: type[Row], row_id: str, tenant: Tenant, *
     if row is None or getattr(row, "tenant_id", None) != tenant.id or getattr(row, "deleted_at", None) is not None:
         raise NotFound(f"no {noun} with id {row_id!r}", code=f"{noun.replace(' ', '_').replace('-', '_')}_not_found")
     return row
+
+
+def find_owned_adapter(session: Session, tenant: Tenant, name: str) -> Adapter | None:
+    """The caller's live adapter whose public model name is ``name``, or None."""
+    if not name.isprintable():  # no stored name holds control characters; some databases reject NUL outright
+        return None
+    return session.exec(
+        select(Adapter).where(
+            Adapter.name == name,
+            Adapter.tenant_id == tenant.id,
+            Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
+        )
+    ).first()

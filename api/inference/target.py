@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sqlmodel import select
-
 from api.context import ApiContext
+from api.ownership import find_owned_adapter
 from core.errors import NotFound
 from core.models import Adapter, Tenant
 
@@ -14,16 +13,8 @@ def find_model(ctx: ApiContext, tenant: Tenant, model: str) -> Adapter | None:
     tenant's adapter answers exactly like a missing one)."""
     if model == ctx.base_model.name:
         return None
-    row = None
-    if model.isprintable():  # no stored name holds control characters; some databases reject NUL outright
-        with ctx.reading() as session:
-            row = session.exec(
-                select(Adapter).where(
-                    Adapter.name == model,
-                    Adapter.tenant_id == tenant.id,
-                    Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
-                )
-            ).first()
+    with ctx.reading() as session:
+        row = find_owned_adapter(session, tenant, model)
     if row is None:
         raise NotFound(
             f"the model {model!r} does not exist or you do not have access to it; GET /v1/models lists yours",

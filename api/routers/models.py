@@ -7,6 +7,7 @@ from sqlmodel import select
 
 from api.adapter_lifecycle import retire_adapter
 from api.deps import Context, CurrentTenant
+from api.ownership import find_owned_adapter
 from api.routers.models_schemas import ModelDeleted, ModelList, ModelObject
 from core.errors import NotFound, PermissionDenied
 from core.models import Adapter, Tenant
@@ -15,16 +16,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
 def _owned_adapter(ctx: Context, tenant: Tenant, model: str) -> Adapter:
-    row = None
-    if model.isprintable():  # no stored name holds control characters; some databases reject NUL outright
-        with ctx.session() as session:
-            row = session.exec(
-                select(Adapter).where(
-                    Adapter.name == model,
-                    Adapter.tenant_id == tenant.id,
-                    Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
-                )
-            ).first()
+    with ctx.session() as session:
+        row = find_owned_adapter(session, tenant, model)
     if row is None:
         raise NotFound(f"no model {model!r}; GET /v1/models lists yours", param="model", code="model_not_found")
     return row
