@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.errors import Conflict, LoraplexError, RateLimited, ServiceUnavailable
+from core.errors import Conflict, LoraplexError, RateLimited, ServiceUnavailable, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,27 @@ def error_headers(exc: LoraplexError) -> dict[str, str]:
 def loraplex_error_response(exc: LoraplexError) -> JSONResponse:
     """A typed error as its HTTP response."""
     return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=error_headers(exc))
+
+
+def public_error(exc: LoraplexError) -> LoraplexError:
+    """What a client may read of ``exc``: an object-store failure names the operator's endpoint, bucket and
+    keys, so clients get the retryable 503 without them (the log keeps the details)."""
+    if isinstance(exc, StorageError):
+        return ServiceUnavailable(
+            "the object store is unavailable; nothing was changed, retry shortly",
+            retry_after=exc.retry_after,
+            code=exc.code,
+        )
+    return exc
+
+
+def unreadable_body_message(cause: BaseException) -> str:
+    """Why a request body could not be read as JSON, in words that say what to send instead."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not valid UTF-8 (byte {cause.start}); send JSON encoded as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply to read; send plain JSON objects and lists"
+    return "the request body could not be read as JSON"
 
 
 def validation_param(loc: Sequence[Any]) -> str | None:
@@ -92,7 +113,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _typed(_request: Request, exc: LoraplexError) -> JSONResponse:
         if exc.status_code >= 500:
             log.warning("%s: %s", type(exc).__name__, exc.message)
-        return loraplex_error_response(exc)
+        return loraplex_error_response(public_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -106,6 +127,8 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
             code = "method_not_allowed"
+        elif exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not decode the JSON body
+            message, code = unreadable_body_message(exc.__cause__), "invalid_body"
         else:
             message, code = str(exc.detail), None
         error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"

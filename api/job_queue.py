@@ -41,7 +41,9 @@ class JobQueue:
             with self.celery.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1)
         except (KombuError, RedisError, OSError) as exc:
-            raise ServiceUnavailable(f"the job queue (Redis) is unreachable: {exc}", code="queue_unavailable") from exc
+            # The cause (with Redis' address) goes to the log, not to whoever asked /ready.
+            log.warning("the job queue is unreachable: %s", exc)
+            raise ServiceUnavailable("the job queue (Redis) is unreachable", code="queue_unavailable") from exc
 
     def close(self) -> None:
         """Release broker connections."""

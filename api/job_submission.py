@@ -3,8 +3,9 @@
 States: the row is created ``validating_files``; once its files are confirmed in the object store it
 becomes ``queued`` and is published to Redis. If publishing fails (Redis down) the row and its events
 are deleted and the client gets 503 with ``retry-after``: a retry creates the job afresh, so nothing is
-left half-created and nothing runs twice. (Should this process die between insert and publish, the
-row stays ``validating_files``/``queued`` without a message: that is the reaper's case, issue 10.)
+left half-created and nothing runs twice. Should this process die between insert and publish, the row
+stays ``validating_files`` or ``queued`` without a message: workers fail the first and publish the second
+again (``worker.requeue``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
 from core.errors import InvalidRequest, ObjectNotFound
 from core.hyperparameters import ResolvedHyperparameters
 from core.ids import new_id
-from core.jobs import record_event
+from core.jobs import mark_queued, record_event
 from core.models import File, FineTuneJob, JobEvent, JobStatus, Tenant
 from core.settings import Settings
 
@@ -115,7 +116,7 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     try:
         _confirm_stored(ctx, files)
         with ctx.session() as session:
-            job.status = JobStatus.QUEUED
+            mark_queued(job)
             session.add(job)
             examples = {param: file.num_examples for file, param in files}
             record_event(session, job, "Files validated, moving job to queued state", data={"examples": examples})

@@ -193,11 +193,18 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise AdapterFileError(f"{ADAPTER_CONFIG_FILE} is larger than 1 MiB", param=ADAPTER_CONFIG_FILE)
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterFileError(f"{ADAPTER_CONFIG_FILE} is not valid JSON: {exc}", param=ADAPTER_CONFIG_FILE) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise AdapterFileError(
+            f"{ADAPTER_CONFIG_FILE} is not valid JSON: {_json_problem(exc)}", param=ADAPTER_CONFIG_FILE
+        ) from exc
     if not isinstance(config, dict):
         raise AdapterFileError(f"{ADAPTER_CONFIG_FILE} must hold a JSON object", param=ADAPTER_CONFIG_FILE)
     return config
+
+
+def _json_problem(exc: Exception) -> str:
+    # json raises RecursionError, not a decode error, for deeply nested input; say so rather than crash.
+    return "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
 @dataclass(frozen=True)
@@ -219,8 +226,10 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorHeader]:
             raise AdapterFileError(f"{path.name} has a corrupt safetensors header length", param=path.name)
         try:
             raw = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise AdapterFileError(f"{path.name} has an unreadable header: {exc}", param=path.name) from exc
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise AdapterFileError(
+                f"{path.name} has an unreadable header: {_json_problem(exc)}", param=path.name
+            ) from exc
     if not isinstance(raw, dict):
         raise AdapterFileError(f"{path.name} header is not a JSON object", param=path.name)
     raw.pop("__metadata__", None)

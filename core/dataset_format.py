@@ -122,6 +122,9 @@ class DatasetValidator:
             if len(raw) > MAX_LINE_BYTES:
                 self._problem(line, f"line is longer than {MAX_LINE_BYTES} bytes")
                 return None
+            if b"\x00" in raw:  # valid UTF-8, but what UTF-16 (or a binary file) looks like read as UTF-8
+                self._problem(line, "contains NUL bytes (is the file UTF-16?); save the file as UTF-8")
+                return None
             try:
                 raw = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -134,6 +137,9 @@ class DatasetValidator:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             self._problem(line, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            return None
+        except RecursionError:  # json's answer to deeply nested input
+            self._problem(line, "invalid JSON: nested too deeply")
             return None
         if not isinstance(obj, dict):
             self._problem(line, "each line must be a JSON object")

@@ -7,6 +7,7 @@ stops after the current step.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery
@@ -28,6 +29,15 @@ def adapter_id_for_job(job_id: str) -> str:
 def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
     """``ft:{base}:{tenant}:{suffix}:{job}``, the name clients pass as ``model``."""
     return f"ft:{base_model}:{tenant_name}:{suffix or ''}:{job_id}"
+
+
+def mark_queued(job: FineTuneJob, *, delay: float = 0.0) -> None:
+    """Move ``job`` to ``queued`` and note when its message is due, so a lost message can be noticed
+    (``worker.requeue``). Send the message with :func:`enqueue_job` once the row is written."""
+    job.status = JobStatus.QUEUED
+    job.worker_id = None
+    job.heartbeat_at = None
+    job.queued_at = time.time() + delay
 
 
 def enqueue_job(celery: Celery, job: FineTuneJob, *, countdown: float | None = None) -> None:

@@ -89,6 +89,10 @@ class FineTuneJob(SQLModel, table=True):
     error_param: str | None = Field(default=None, max_length=64)
     attempts: int = 0  # deliveries that started running; bounded so a job that kills workers ends failed
     max_attempts: int = 3
+    # Attempts that ended on a platform outage (object store, Redis, database down): retried with a growing
+    # delay, bounded separately, and not charged to ``attempts``.
+    transient_failures: int = 0
+    queued_at: float | None = None  # when its queue message was last sent (or becomes due, when delayed)
     cancel_requested: bool = False
     worker_id: str | None = Field(default=None, max_length=255)
     heartbeat_at: float | None = None  # last sign of life from the worker running it

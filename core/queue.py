@@ -7,6 +7,8 @@ attempt counter, not Celery, bounds how often that can happen.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 
 from celery import Celery
@@ -54,6 +56,29 @@ def make_celery(settings: Settings, *, max_job_seconds: int = DEFAULT_MAX_JOB_SE
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def waiting_job_ids(celery: Celery, queue: str) -> set[str]:
+    """Ids of the jobs whose messages wait in ``queue`` now (not those a worker already took).
+
+    Kombu's Redis transport keeps a queue's waiting messages in a list named after the queue (we never
+    send priorities, which would add sibling lists); each holds the task's arguments, ``[job_id]``.
+    """
+    with celery.connection_for_read() as conn:
+        raw_messages = conn.default_channel.client.lrange(queue, 0, -1)
+    ids = set()
+    for raw in raw_messages:
+        try:
+            message = json.loads(raw)
+            body = message["body"]
+            if message.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args = json.loads(body)[0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue  # not one of ours
+        if args and isinstance(args[0], str):
+            ids.add(args[0])
+    return ids
 
 
 # Redis pub/sub channel on which workers announce adapter lifecycle events to the API:

@@ -17,6 +17,9 @@ import torch
 from core.local_services import EmbeddedRedis, start_redis
 from tests.services import S3Service, start_seaweed_s3
 
+# Session fixtures shared across test folders (one serving deployment for inference, security and load tests).
+pytest_plugins = ("tests.integration.api_inference.serving",)
+
 # Triton reads TRITON_INTERPRET when it is first imported, so this must run before any test module
 # imports triton. Without a GPU the interpreter is the only way to run the Triton kernels.
 if not torch.cuda.is_available():

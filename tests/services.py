@@ -1,4 +1,5 @@
-"""Real local services for tests: SeaweedFS S3 (`weed mini`) and Redis, on loopback with free ports."""
+"""Real local services for tests: SeaweedFS S3 (`weed mini`) and Redis, on loopback with free ports; and
+bringing a stopped one back on the same port with the same data (outage tests stop private instances)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError
-from core.local_services import LOOPBACK, ManagedProcess, free_port, port_open
+from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, port_open
 
 
 @dataclass
@@ -90,3 +91,19 @@ def _s3_answers(s3: S3Service) -> bool:
     except Exception:
         return False
     return True
+
+
+def _same_command(process: ManagedProcess) -> ManagedProcess:
+    return ManagedProcess(process.name, process.argv, process.log_path, env=process.env, cwd=process.cwd).start()
+
+
+def restart_redis(redis: EmbeddedRedis) -> None:
+    """Start a stopped ``redis`` again on its port (with its persistence setting: none, unless asked)."""
+    redis.process = _same_command(redis.process)
+    redis.process.wait_ready(lambda: port_open(LOOPBACK, redis.port), timeout=20)
+
+
+def restart_seaweed_s3(s3: S3Service) -> None:
+    """Start a stopped ``s3`` again on its ports and data directory; returns once S3 answers requests."""
+    s3.process = _same_command(s3.process)
+    s3.process.wait_ready(lambda: port_open(LOOPBACK, s3.port) and _s3_answers(s3), timeout=90)

@@ -1,4 +1,5 @@
-"""The training worker's Celery app: the shared queue config plus the ``train_job`` task and the reaper."""
+"""The training worker's Celery app: the shared queue config plus the ``train_job`` task and the reaper
+(which also requeues jobs whose queue message was lost)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from celery.signals import worker_process_init
 from core.queue import TRAIN_TASK, make_celery
 from core.settings import Settings
 from worker.reaper import ReaperThread, reap_stale_jobs
+from worker.requeue import fail_interrupted_submissions, requeue_lost_jobs
 from worker.run_job import run_train_job
 from worker.runtime import WorkerOptions, WorkerRuntime
 
@@ -27,8 +29,12 @@ def create_worker_app(settings: Settings, options: WorkerOptions | None = None) 
         return run_train_job(runtime, job_id)
 
     def reap() -> None:
-        opts = runtime.options
-        reap_stale_jobs(runtime.engine, celery, stale_after=opts.stale_after_seconds, store=runtime.store)
+        # One pass of upkeep: running jobs whose worker went silent, queued jobs whose message was lost,
+        # submissions the API never finished. Each step is idempotent and safe beside other workers.
+        stale_after = runtime.options.stale_after_seconds
+        reap_stale_jobs(runtime.engine, celery, stale_after=stale_after, store=runtime.store)
+        requeue_lost_jobs(runtime.engine, celery, runtime.base_model_name, stale_after=stale_after)
+        fail_interrupted_submissions(runtime.engine, runtime.base_model_name, stale_after=stale_after)
 
     def start_pool_process(**_: object) -> None:
         # Runs in each forked pool process: drop the parent's connections, start this process's reaper

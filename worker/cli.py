@@ -23,7 +23,10 @@ def register(app: typer.Typer) -> None:
         ] = 10.0,
         stale_after_seconds: Annotated[
             float,
-            typer.Option(envvar="LORAPLEX_WORKER_STALE_AFTER_SECONDS", help="Silence after which a job is requeued."),
+            typer.Option(
+                envvar="LORAPLEX_WORKER_STALE_AFTER_SECONDS",
+                help="Silence after which a running job is requeued (and a queued one without its message sent again).",
+            ),
         ] = 120.0,
         reap_every_seconds: Annotated[
             float, typer.Option(envvar="LORAPLEX_WORKER_REAP_EVERY_SECONDS", help="How often to look for stale jobs.")

@@ -19,11 +19,14 @@ from sqlmodel import Session
 
 from core.db import session_scope
 from core.ids import now
-from core.jobs import adapter_id_for_job, enqueue_job, fine_tuned_model_name, lock_job, record_event
+from core.jobs import adapter_id_for_job, enqueue_job, fine_tuned_model_name, lock_job, mark_queued, record_event
 from core.models import Adapter, FineTuneJob, JobStatus, Tenant, UsageRecord
 from worker.upload import UploadedAdapter
 
 MAX_ATTEMPTS_CODE = "max_attempts_exceeded"
+# Outages retried before a job fails: with the default 30 s first delay, about an hour of waiting.
+MAX_TRANSIENT_FAILURES = 8
+MAX_RETRY_DELAY_S = 15 * 60.0
 
 
 def current_worker_id() -> str:
@@ -234,25 +237,37 @@ def finish_ended(
         return True
 
 
-def retry_or_fail(engine: Engine, lease: Lease, celery: Celery, message: str, *, code: str, delay: float) -> str:
-    """After a transient failure: requeue the job with a delay while attempts remain, else fail it.
+def retry_delay(base: float, failures: int) -> float:
+    """Seconds to wait before retrying after the ``failures``-th outage in a row: doubling from ``base``."""
+    return min(base * 2 ** max(failures - 1, 0), MAX_RETRY_DELAY_S)
 
-    Returns ``"requeued"``, ``"failed"`` or ``"lost"``. The message is sent inside the transaction, so
-    either the job is queued with a message on its way or nothing changed (a stale lease the reaper finds).
+
+def retry_or_fail(engine: Engine, lease: Lease, celery: Celery, message: str, *, code: str, delay: float) -> str:
+    """After a transient failure (a platform service was down): requeue the job, waiting longer after each
+    outage, until ``MAX_TRANSIENT_FAILURES``; then fail it. ``delay`` is the first wait.
+
+    An outage is not the job's fault, so the attempt is given back: ``max_attempts`` keeps counting only
+    attempts whose worker died. Returns ``"requeued"``, ``"failed"`` or ``"lost"``. The message is sent
+    inside the transaction, so either the job is queued with a message on its way or nothing changed (a
+    stale lease the reaper finds).
     """
     with session_scope(engine) as session:
         job = lock_job(session, lease.job_id)
         if not lease.held_by(job):
             return "lost"
         assert job is not None
-        if job.attempts >= job.max_attempts:
-            end_job(session, job, JobStatus.FAILED, f"{message}; gave up after {job.attempts} attempts", code=code)
+        if job.transient_failures >= MAX_TRANSIENT_FAILURES:
+            outages = job.transient_failures + 1
+            end_job(session, job, JobStatus.FAILED, f"{message}; gave up after {outages} tries", code=code)
             return "failed"
-        job.status, job.worker_id, job.heartbeat_at = JobStatus.QUEUED, None, None
+        job.transient_failures += 1
+        job.attempts -= 1
+        wait = retry_delay(delay, job.transient_failures)
+        mark_queued(job, delay=wait)
         session.add(job)
-        record_event(session, job, f"Attempt {job.attempts} failed: {message}; retrying in {delay:.0f}s", level="warn")
+        record_event(session, job, f"Training was interrupted: {message}; retrying in {wait:.0f}s", level="warn")
         session.flush()
-        enqueue_job(celery, job, countdown=delay)
+        enqueue_job(celery, job, countdown=wait)
         return "requeued"
 
 

@@ -21,7 +21,7 @@ from sqlmodel import select
 
 from core.db import session_scope
 from core.descriptor import adapter_prefix
-from core.jobs import adapter_id_for_job, enqueue_job, lock_job, record_event
+from core.jobs import adapter_id_for_job, enqueue_job, lock_job, mark_queued, record_event
 from core.models import FineTuneJob, JobStatus
 from core.storage import ObjectStore
 from worker.lifecycle import MAX_ATTEMPTS_CODE, end_job, lease_is_live
@@ -58,7 +58,7 @@ def _reap_one(engine: Engine, celery: Celery, job_id: str, stale_after: float, a
             )
             return Reaped(job.id, "failed", job.worker_id)
         worker_id = job.worker_id
-        job.status, job.worker_id, job.heartbeat_at = JobStatus.QUEUED, None, None
+        mark_queued(job)
         session.add(job)
         record_event(
             session,

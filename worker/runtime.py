@@ -21,7 +21,8 @@ from trainer.manifest import BaseModelFingerprint, fingerprint_base_model
 @dataclass(frozen=True)
 class WorkerOptions:
     """Liveness timing: a running job heartbeats every ``heartbeat_seconds``; one silent for
-    ``stale_after_seconds`` is requeued by the reaper, which runs every ``reap_every_seconds``."""
+    ``stale_after_seconds`` is requeued by the reaper, which runs every ``reap_every_seconds`` (and also sends
+    again the message of a job queued that long whose message is missing)."""
 
     heartbeat_seconds: float = 10.0
     stale_after_seconds: float = 120.0

@@ -18,7 +18,7 @@ import httpx
 
 from api.inference.sse import Chunk, EventSplitter, parse_event
 from api.routing.router import ReplicaRouter
-from core.errors import RateLimited, ServiceUnavailable
+from core.errors import RateLimited, ServiceUnavailable, StorageError
 from core.protocol import REQUEST_ID_HEADER, ReplicaStatus
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 ERROR_BODY_LIMIT = 64 * 1024
 DEFAULT_BUSY_S = 1.0
 ALL_FAILED_RETRY_AFTER_S = 2.0
+STORAGE_UNAVAILABLE = StorageError.default_code
 
 
 @dataclass
@@ -55,11 +56,16 @@ class Opened:
 
 
 class ReplicaUnusable(Exception):
-    """This replica cannot take the request now; another may."""
+    """This replica cannot take the request now; another may. ``code`` and ``retry_after``: what its error
+    answer said, if anything."""
 
-    def __init__(self, reason: str, *, busy_for: float | None = None) -> None:
+    def __init__(
+        self, reason: str, *, busy_for: float | None = None, code: str | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(reason)
         self.busy_for = busy_for
+        self.code = code
+        self.retry_after = retry_after
 
 
 class Upstream:
@@ -93,17 +99,28 @@ class Upstream:
         payload = json.dumps(body).encode()
         reasons: list[str] = []
         busy_for: list[float] = []
+        codes: set[str | None] = set()
+        waits: list[float] = []
         for replica in candidates[: self.attempts]:
             try:
                 return await self._attempt(replica, path, payload, stream=stream, request_id=request_id)
             except ReplicaUnusable as exc:
                 reasons.append(f"{replica.id}: {exc}")
+                codes.add(exc.code)
+                if exc.retry_after is not None:
+                    waits.append(exc.retry_after)
                 if exc.busy_for is not None:
                     busy_for.append(exc.busy_for)
         log.warning("request %s found no replica able to serve it: %s", request_id, "; ".join(reasons))
         if busy_for and len(busy_for) == len(reasons):
             raise RateLimited(
                 "every inference server is at capacity; retry shortly", retry_after=min(busy_for), code="overloaded"
+            )
+        if codes == {STORAGE_UNAVAILABLE}:  # the replicas are fine; the adapter's files cannot be fetched
+            raise ServiceUnavailable(
+                "the adapter could not be loaded because the object store is unavailable; retry shortly",
+                retry_after=max(waits, default=ALL_FAILED_RETRY_AFTER_S),
+                code=STORAGE_UNAVAILABLE,
             )
         raise ServiceUnavailable(
             "no inference server could take the request; retry shortly",
@@ -144,11 +161,14 @@ class Upstream:
             self.router.busy(opened.replica.id, seconds)
             raise ReplicaUnusable("busy (429)", busy_for=seconds)
         if response.status_code >= 500:
-            text = (await _read_limited(response)).decode(errors="replace")[:200]
+            text = (await _read_limited(response)).decode(errors="replace")
+            code = _error_code(text)
             seconds = _retry_after(response)
-            if seconds is not None:  # e.g. 503 while its model loads: says when to come back
+            if seconds is not None and code != STORAGE_UNAVAILABLE:
+                # e.g. 503 while its model loads: says when to come back. An object-store outage is not
+                # the replica's: other requests may still go there.
                 self.router.busy(opened.replica.id, seconds)
-            raise ReplicaUnusable(f"HTTP {response.status_code}: {text}")
+            raise ReplicaUnusable(f"HTTP {response.status_code}: {text[:200]}", code=code, retry_after=seconds)
         if response.status_code >= 400 or not stream:
             opened.body = await response.aread()
             return
@@ -160,6 +180,15 @@ class Upstream:
                 if chunk.carries_output():
                     return
         raise ReplicaUnusable("the stream ended before any output")
+
+
+def _error_code(text: str) -> str | None:
+    """The ``error.code`` of a replica's error body, if it is one."""
+    try:
+        error = json.loads(text)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _retry_after(response: httpx.Response) -> float | None:

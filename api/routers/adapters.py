@@ -26,6 +26,7 @@ from api.pagination import After, Limit, build_page, page_query
 from api.routers.adapters_schemas import UPLOAD_REQUEST_BODY, AdapterDeleted, AdapterList, AdapterObject
 from api.spools import FileSpool
 from core.adapter_format import ADAPTER_CONFIG_FILE, MAX_CONFIG_BYTES, inspect_adapter
+from core.adapter_values import check_finite_weights
 from core.descriptor import adapter_prefix
 from core.errors import InvalidRequest
 from core.ids import new_id
@@ -68,6 +69,7 @@ async def upload_adapter(request: Request, ctx: Context, tenant: CurrentTenant) 
         if missing:
             raise InvalidRequest(f"the upload lacks {missing[0]}; send {' and '.join(ADAPTER_FILES)}", param=missing[0])
         spec = await run_in_threadpool(inspect_adapter, adapter_dir, ctx.base_model.shapes, ctx.settings.max_lora_rank)
+        await run_in_threadpool(check_finite_weights, spec)  # servers refuse NaN/inf: refuse it now, not per request
         prefix = adapter_prefix(tenant.id, adapter_id)
         stored = await run_in_threadpool(store_adapter_files, ctx.store, prefix, adapter_dir)
 

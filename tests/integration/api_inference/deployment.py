@@ -7,7 +7,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -46,14 +46,17 @@ class Replica:
         return f"http://{LOOPBACK}:{self.port}"
 
 
-def launch_replica(settings: Settings, model_dir: Path, replica_id: str, log_dir: Path) -> Replica:
-    """Start a server for ``settings``' base model name, Redis, object store and internal token."""
+def launch_replica(
+    settings: Settings, model_dir: Path, replica_id: str, log_dir: Path, extra_args: Sequence[str] = ()
+) -> Replica:
+    """Start a server for ``settings``' base model name, Redis, object store and internal token; ``extra_args``
+    are more ``loraplex server`` flags (e.g. ``--max-resident-adapters``)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(settings_env(settings))
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})  # see launch_worker: threads thrash here
     argv = [sys.executable, "-m", "core", "server", "--model", str(model_dir), "--host", LOOPBACK, "--port", str(port)]
-    argv += ["--replica-id", replica_id, "--pool-bytes", str(POOL_BYTES), "--threads", "1"]
+    argv += ["--replica-id", replica_id, "--pool-bytes", str(POOL_BYTES), "--threads", "1", *extra_args]
     process = ManagedProcess(replica_id, argv, log_dir / f"{replica_id}.log", env=env, cwd=REPO_ROOT).start()
     return Replica(replica_id, port, process)
 

@@ -10,8 +10,8 @@ import pytest
 
 from api.dashboard.charts import PALETTE, POOL_COLORS
 from tests.integration.api_inference.chromium import ChartCensus, dump_dom, png_pixels, screenshot
-from tests.integration.api_inference.conftest import REPLICAS, TrainedAdapter
 from tests.integration.api_inference.deployment import Deployment
+from tests.integration.api_inference.serving import REPLICAS, TrainedAdapter
 
 pytestmark = pytest.mark.slow
 CHARTS = ("usage-over-time", "requests-over-time", "top-adapters", "job-outcomes", "pool-occupancy")

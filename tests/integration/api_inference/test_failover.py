@@ -15,8 +15,8 @@ import pytest
 from api.routing.plan import rendezvous_order
 from core.local_services import EmbeddedRedis
 from core.settings import Settings
-from tests.integration.api_inference.conftest import upload_adapter
 from tests.integration.api_inference.deployment import Deployment, Replica, deploy
+from tests.integration.api_inference.serving import upload_adapter
 from tests.services import S3Service
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from core.protocol import STATS_FIELD
-from tests.integration.api_inference.conftest import TrainedAdapter
 from tests.integration.api_inference.deployment import Deployment
+from tests.integration.api_inference.serving import TrainedAdapter
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is 3 plus 3?"

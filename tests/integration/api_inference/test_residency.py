@@ -13,8 +13,8 @@ from api.background.residency import GROUP_PREFIX
 from core.local_services import EmbeddedRedis
 from core.protocol import RESIDENCY_STREAM
 from tests.integration.api.live_server import serve
-from tests.integration.api_inference.conftest import upload_adapter
 from tests.integration.api_inference.deployment import Deployment, deploy
+from tests.integration.api_inference.serving import upload_adapter
 from tests.services import S3Service
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 from api.routing.plan import rendezvous_order
 from core import db
 from core.models import Adapter
-from tests.integration.api_inference.conftest import upload_adapter
 from tests.integration.api_inference.deployment import Deployment
+from tests.integration.api_inference.serving import upload_adapter
 from worker.announce import announce_prefetch
 
 pytestmark = pytest.mark.slow

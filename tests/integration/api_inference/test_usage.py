@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from tests.integration.api_inference.conftest import TrainedAdapter
 from tests.integration.api_inference.deployment import Deployment
+from tests.integration.api_inference.serving import TrainedAdapter
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "Say something."}]

@@ -1,5 +1,9 @@
 """The session's serving deployment: an API, two real inference server replicas, a training worker, and
-an adapter fine-tuned through the public API (the way a tenant gets one)."""
+an adapter fine-tuned through the public API (the way a tenant gets one).
+
+A pytest plugin (``pytest_plugins`` in ``tests/conftest.py``) rather than a conftest, so the inference
+tests, the security sweep and the load test share one deployment per session instead of starting their own.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,54 @@
+"""What the fault tests share: what a tenant holds (to compare before and after a fault), a job's rows
+and events, and the shape of a retryable outage answer."""
+
+from __future__ import annotations
+
+import httpx
+from sqlmodel import col, select
+
+from core import db
+from core.models import Adapter, FineTuneJob, JobEvent, UsageRecord
+from tests.holdings import Holdings
+from tests.holdings import holdings as tenant_holdings
+from tests.integration.api.conftest import TenantHandle
+from tests.integration.api_inference.deployment import Deployment
+
+TINY_JOB = {"n_epochs": 1, "batch_size": 4, "lora_r": 4}  # a few seconds of training on the tiny model
+
+
+def holdings(deployment: Deployment, tenant: TenantHandle) -> Holdings:
+    """What ``tenant`` holds now on ``deployment``."""
+    return tenant_holdings(deployment.settings, deployment.engine, tenant.id)
+
+
+def job_row(deployment: Deployment, job_id: str) -> FineTuneJob:
+    with db.read_session(deployment.engine) as session:
+        job = session.get(FineTuneJob, job_id)
+    assert job is not None, f"no job {job_id}"
+    return job
+
+
+def job_events(deployment: Deployment, job_id: str) -> list[str]:
+    """The job's event messages, oldest first."""
+    with db.read_session(deployment.engine) as session:
+        stmt = select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+        return list(session.exec(stmt).all())
+
+
+def training_records(deployment: Deployment, job_id: str) -> list[UsageRecord]:
+    with db.read_session(deployment.engine) as session:
+        stmt = select(UsageRecord).where(UsageRecord.job_id == job_id, UsageRecord.kind == "training")
+        return list(session.exec(stmt).all())
+
+
+def job_adapters(deployment: Deployment, job_id: str) -> list[Adapter]:
+    with db.read_session(deployment.engine) as session:
+        return list(session.exec(select(Adapter).where(Adapter.job_id == job_id)).all())
+
+
+def assert_retryable_outage(response: httpx.Response, code: str) -> None:
+    """A 503 the openai SDK retries by itself: the error shape, our code, and a ``retry-after``."""
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
+    assert int(response.headers["retry-after"]) >= 1
