@@ -3,6 +3,12 @@
 On CPU in fp32 the weight is pre-packed once for oneDNN, whose kernels beat a plain matmul by
 15-25% at the small batch sizes of decode steps (measured on the benchmark's shapes); elsewhere it
 is kept transposed (``[in, out]``) for ``x @ w``.
+
+oneDNN builds and keeps a kernel for every distinct number of input rows, about 1 MiB each (measured:
+1,024 row counts on one weight took 0.9 GiB, and evicting them from its cache does not return the memory).
+A server's steps take every row count from 1 to the step budget, so unbounded this grows for as long as it
+serves. Packed matmuls therefore only ever see a few row counts: inputs are padded up to a bucket and
+inputs longer than the largest bucket are cut into chunks of it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,10 @@ import torch
 
 # oneDNN picks its blocking from an expected batch size; decode batches are tens of tokens.
 PACK_BATCH_HINT = 64
+# Row buckets for packed matmuls: 8 to 64 in steps of 8 (decode batches, little padding), then 96 to 256 in
+# steps of 32; longer inputs run in chunks of 256 rows. 14 kernels per weight shape, whatever the traffic.
+SMALL_ROW_STEP, SMALL_ROWS = 8, 64
+LARGE_ROW_STEP, MAX_PACKED_ROWS = 32, 256
 
 
 class Linear:
@@ -25,22 +35,47 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [None], "")
+            return self._packed_matmul(x, self.bias)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
+
+    def _packed_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows <= MAX_PACKED_ROWS:
+            return self._packed_bucket(x, bias)
+        out = x.new_empty(rows, self.out_features)
+        for start in range(0, rows, MAX_PACKED_ROWS):
+            out[start : start + MAX_PACKED_ROWS] = self._packed_bucket(x[start : start + MAX_PACKED_ROWS], bias)
+        return out
+
+    def _packed_bucket(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x`` (at most ``MAX_PACKED_ROWS`` rows) through oneDNN with its rows padded up to a bucket."""
+        rows = x.shape[0]
+        bucket = row_bucket(rows)
+        if bucket != rows:
+            padded = x.new_zeros(bucket, self.in_features)
+            padded[:rows] = x
+            x = padded
+        y = torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [None], "")
+        return y if bucket == rows else y[:rows]
 
     def dense_weight_t(self) -> torch.Tensor:
         """``W^T`` as a plain tensor (for tests and merging), whatever the storage layout."""
         if self.weight_t is not None:
             return self.weight_t
-        eye = torch.eye(self.in_features, dtype=torch.float32)
-        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [None], "")
+        return self._packed_matmul(torch.eye(self.in_features, dtype=torch.float32), None)
 
     def num_bytes(self) -> int:
         tensors = [t for t in (self.weight_t, self.bias) if t is not None]
         packed = self.in_features * self.out_features * 4 if self._packed is not None else 0
         return packed + sum(t.numel() * t.element_size() for t in tensors)
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a packed matmul of ``rows`` (1..``MAX_PACKED_ROWS``) input rows runs at."""
+    step = SMALL_ROW_STEP if rows <= SMALL_ROWS else LARGE_ROW_STEP
+    return -(-rows // step) * step
 
 
 def _pack_for_onednn(weight_t: torch.Tensor) -> torch.Tensor | None:
