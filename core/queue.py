@@ -66,19 +66,46 @@ def waiting_job_ids(celery: Celery, queue: str) -> set[str]:
     """
     with celery.connection_for_read() as conn:
         raw_messages = conn.default_channel.client.lrange(queue, 0, -1)
+    return {job_id for raw in raw_messages if (job_id := _job_id(raw)) is not None}
+
+
+def in_flight_job_ids(celery: Celery, queue: str, *, delivered_since: float) -> set[str]:
+    """Ids of the jobs whose messages from ``queue`` a worker took at or after ``delivered_since`` (epoch
+    seconds) and has not acknowledged yet: delivered, but maybe not yet claimed in the job row.
+
+    Kombu's Redis transport moves a delivered message into the ``unacked`` hash (tag -> ``[message,
+    exchange, routing key]``), scored by delivery time in ``unacked_index``. Older deliveries are left
+    out on purpose: a worker that died holding one will not run it, and the visibility timeout that
+    would hand it out again lasts a day.
+    """
+    with celery.connection_for_read() as conn:
+        channel = conn.default_channel
+        client = channel.client
+        tags = client.zrange(channel.unacked_index_key, delivered_since, "+inf", byscore=True)
+        raw_entries = client.hmget(channel.unacked_key, tags) if tags else []
     ids = set()
-    for raw in raw_messages:
+    for raw in raw_entries:
         try:
-            message = json.loads(raw)
-            body = message["body"]
-            if message.get("properties", {}).get("body_encoding") == "base64":
-                body = base64.b64decode(body)
-            args = json.loads(body)[0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            continue  # not one of ours
-        if args and isinstance(args[0], str):
-            ids.add(args[0])
+            message, _exchange, routing_key = json.loads(raw)
+        except (TypeError, ValueError):
+            continue  # acknowledged since we read the index, or not one of ours
+        if routing_key == queue and (job_id := _job_id(message)) is not None:
+            ids.add(job_id)
     return ids
+
+
+def _job_id(message: bytes | str | dict) -> str | None:
+    """The job id a Celery message of ``TRAIN_TASK`` carries (its only argument); None for anything else."""
+    try:
+        if not isinstance(message, dict):
+            message = json.loads(message)
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return args[0] if args and isinstance(args[0], str) else None
 
 
 # Redis pub/sub channel on which workers announce adapter lifecycle events to the API:

@@ -106,6 +106,13 @@ def end_job(
     record_event(session, job, message, level="error" if status == JobStatus.FAILED else "info")
 
 
+def record_worker_lost(session: Session, job: FineTuneJob) -> None:
+    """The event that says the running attempt's worker is gone and the job goes back to the queue."""
+    lost = job.worker_id or "an unknown worker"
+    message = f"Worker {lost} stopped responding during attempt {job.attempts}; the job was requeued"
+    record_event(session, job, message, level="warn")
+
+
 def _succeed(session: Session, job: FineTuneJob, uploaded: UploadedAdapter, compute_seconds: float) -> Adapter:
     tenant = session.get(Tenant, job.tenant_id)
     assert tenant is not None  # jobs reference tenants by foreign key
@@ -199,6 +206,9 @@ def claim_job(
                 code=MAX_ATTEMPTS_CODE,
             )
             return Claim("failed", job)
+        if job.status == JobStatus.RUNNING:
+            # Its worker died and a copy of its message got here before the reaper did: say so, as it would.
+            record_worker_lost(session, job)
         job.attempts += 1
         job.status = JobStatus.RUNNING
         job.worker_id = worker_id

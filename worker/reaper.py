@@ -21,10 +21,10 @@ from sqlmodel import select
 
 from core.db import session_scope
 from core.descriptor import adapter_prefix
-from core.jobs import adapter_id_for_job, enqueue_job, lock_job, mark_queued, record_event
+from core.jobs import adapter_id_for_job, enqueue_job, lock_job, mark_queued
 from core.models import FineTuneJob, JobStatus
 from core.storage import ObjectStore
-from worker.lifecycle import MAX_ATTEMPTS_CODE, end_job, lease_is_live
+from worker.lifecycle import MAX_ATTEMPTS_CODE, end_job, lease_is_live, record_worker_lost
 from worker.upload import remove_adapter_objects
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,9 @@ def _reap_one(engine: Engine, celery: Celery, job_id: str, stale_after: float, a
             )
             return Reaped(job.id, "failed", job.worker_id)
         worker_id = job.worker_id
+        record_worker_lost(session, job)
         mark_queued(job)
         session.add(job)
-        record_event(
-            session,
-            job,
-            f"Worker {lost} stopped responding during attempt {job.attempts}; the job was requeued",
-            level="warn",
-        )
         session.flush()
         # Sent before commit: if sending fails the job stays running and stale, and the next pass retries.
         enqueue_job(celery, job)

@@ -3,11 +3,12 @@
 A Redis without persistence forgets every waiting message when it restarts, and a job row can be left
 ``queued`` without a message (an API that stopped between committing the row and publishing it, or a
 worker killed while holding a delayed retry). Workers look for ``queued`` jobs of their base model whose
-message is due since ``stale_after`` seconds yet is not waiting in the queue, and send it again. A job
-that is delivered twice runs once (``worker.lifecycle.claim_job`` is idempotent), so sending again is
-safe; each job is republished in its own transaction on the locked row, so concurrent workers send it
-once. Jobs stuck in ``validating_files`` (the API stopped mid-submission, so its client never got the
-job) are failed with a message saying to create them again.
+message is due since ``stale_after`` seconds yet neither waits in the queue nor went to a worker in the
+last ``stale_after`` seconds, and send it again. A job that is delivered twice runs once
+(``worker.lifecycle.claim_job`` is idempotent), so sending again is safe; each job is republished in its
+own transaction on the locked row, so concurrent workers send it once. Jobs stuck in ``validating_files``
+(the API stopped mid-submission, so its client never got the job) are failed with a message saying to
+create them again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlmodel import col, select
 from core.db import read_session, session_scope
 from core.jobs import enqueue_job, lock_job, mark_queued, record_event
 from core.models import FineTuneJob, JobStatus
-from core.queue import train_queue, waiting_job_ids
+from core.queue import in_flight_job_ids, train_queue, waiting_job_ids
 from worker.lifecycle import end_job
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,11 @@ def requeue_lost_jobs(
         ).all()
     if not due:
         return []
-    waiting = waiting_job_ids(celery, train_queue(base_model))
-    requeued = [job_id for job_id in due if job_id not in waiting and _requeue(engine, celery, job_id, stale_after, at)]
+    queue = train_queue(base_model)
+    # A message a worker took moments ago is on its way to being claimed, not lost: sending it again
+    # would leave a second message that a later worker takes over the job with.
+    present = waiting_job_ids(celery, queue) | in_flight_job_ids(celery, queue, delivered_since=at - stale_after)
+    requeued = [job_id for job_id in due if job_id not in present and _requeue(engine, celery, job_id, stale_after, at)]
     for job_id in requeued:
         log.warning("job %s was queued without a message (Redis restarted?); sent it again", job_id)
     return requeued

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +22,9 @@ from core.queue import train_queue
 from tests.integration.conftest import Platform
 from tests.integration.training.jobs import adapter_objects, jsonl, memorable_rows, submit_job
 from trainer.train import TrainingRequest, train_adapter
+from worker.lifecycle import claim_job
 from worker.reaper import reap_stale_jobs
+from worker.requeue import requeue_lost_jobs
 from worker.run_job import run_train_job
 from worker.runtime import WorkerOptions, WorkerRuntime
 from worker.upload import upload_adapter
@@ -169,3 +174,46 @@ def test_a_job_that_keeps_killing_its_workers_ends_failed_not_in_a_loop(platform
     assert "will not be retried" in (job.error_message or "")
     assert queued_messages(platform) == before
     assert adapter_objects(platform, job.tenant_id) == []
+
+
+def dead_worker_id() -> str:
+    """``host:pid`` of a process on this host that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return f"{socket.gethostname()}:{proc.pid}"
+
+
+def test_a_delivery_that_finds_the_worker_dead_records_why_before_taking_over(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    # A second copy of the message arrives before the reaper noticed: the heartbeat is fresh, the process gone.
+    dead = dead_worker_id()
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id=dead, heartbeat_at=time.time())
+
+    claim = claim_job(platform.engine, job.id, "here:1", stale_after=STALE_AFTER)
+
+    assert claim.outcome == "run" and claim.lease is not None and claim.lease.attempt == 2
+    messages = [e.message for e in platform.events(job.id)]
+    assert messages[-2:] == [
+        f"Worker {dead} stopped responding during attempt 1; the job was requeued",
+        "Fine-tuning job started (attempt 2 of 3)",
+    ]
+
+
+def test_a_message_a_worker_just_took_is_not_sent_again_until_it_is_stale(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)))
+    set_job(platform, job.id, queued_at=time.time() - STALE_AFTER - 1)  # due long ago, still unclaimed
+    queue = train_queue(platform.settings.model_name or "")
+    with platform.celery.connection_for_write() as conn, conn.SimpleQueue(queue) as taken:
+        delivery = taken.get(timeout=10)  # a worker holds it, unacknowledged, and has not claimed the job yet
+        assert queued_messages(platform) == 0
+
+        assert requeue_lost_jobs(platform.engine, platform.celery, job.base_model, stale_after=STALE_AFTER) == []
+        assert queued_messages(platform) == 0
+        # Once the delivery is older than the staleness window, its worker is taken for dead.
+        later = time.time() + STALE_AFTER + 1
+        requeued = requeue_lost_jobs(
+            platform.engine, platform.celery, job.base_model, stale_after=STALE_AFTER, at=later
+        )
+        assert requeued == [job.id]
+        assert queued_messages(platform) == 1
+        delivery.ack()
