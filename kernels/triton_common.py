@@ -7,6 +7,10 @@ import triton
 import triton.language as tl
 
 from kernels.configs import interpreting
+from kernels.interpreter_compat import patch_interpreter_index
+
+if interpreting():
+    patch_interpreter_index()
 
 
 @triton.jit
