@@ -2,11 +2,17 @@
 
 Layout under the root: ``data/<key>`` holds the bytes, ``meta/<key>.json`` the sha256 and size,
 ``tmp/`` the files being written. A write goes to ``tmp/`` first and is renamed into place, so a
-reader never sees half an object; the metadata is renamed in before the data.
+reader never sees half an object.
+
+Two renames cannot be one atomic step, so the metadata names the data file it describes (inode, size,
+mtime): data is renamed in first, then its metadata. A reader that finds metadata naming another file (an
+overwrite in progress, or a writer that died between the renames) hashes the data itself and repairs the
+metadata, so a checksum never disagrees with the bytes it is read beside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -41,11 +47,42 @@ class LocalObjectStore(ObjectStore):
         data_path, meta_path = self._paths(key)
         data_path.parent.mkdir(parents=True, exist_ok=True)
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_meta = self._tmp / f"{uuid.uuid4().hex}.json"
-        tmp_meta.write_text(json.dumps({"sha256": sha256, "size": size}))
-        os.replace(tmp_meta, meta_path)
+        st = tmp_data.stat()  # a rename keeps inode and mtime, so this identifies the committed file
         os.replace(tmp_data, data_path)
-        return ObjectInfo(key=key, size=size, sha256=sha256, modified=data_path.stat().st_mtime)
+        self._write_meta(meta_path, sha256, st)
+        return ObjectInfo(key=key, size=size, sha256=sha256, modified=st.st_mtime)
+
+    def _write_meta(self, meta_path: Path, sha256: str, st: os.stat_result) -> None:
+        tmp_meta = self._tmp / f"{uuid.uuid4().hex}.json"
+        tmp_meta.write_text(json.dumps({"sha256": sha256, **_file_identity(st)}))
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp_meta, meta_path)
+
+    def _sha256_of(self, data_path: Path, meta_path: Path, st: os.stat_result) -> str | None:
+        """The data file's sha256: from its metadata when that describes this very file, else hashed now
+        (and the metadata repaired)."""
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (FileNotFoundError, ValueError):
+            meta = {}
+        if (
+            isinstance(meta, dict)
+            and meta.get("sha256")
+            and all(meta.get(name) == value for name, value in _file_identity(st).items())
+        ):
+            return str(meta["sha256"])
+        try:
+            with open(data_path, "rb") as f:
+                reader = HashingReader(f)
+                while reader.read(CHUNK):
+                    pass
+                hashed = os.fstat(f.fileno())  # the file we read, even if another was renamed in since
+        except FileNotFoundError:
+            return None
+        sha256 = reader.sha256.hexdigest()
+        with contextlib.suppress(OSError):  # a read-only store still answers; the next reader hashes again
+            self._write_meta(meta_path, sha256, hashed)
+        return sha256 if _file_identity(hashed) == _file_identity(st) else None
 
     def _write(self, key: str, reader: HashingReader) -> ObjectInfo:
         validate_key(key)
@@ -101,11 +138,8 @@ class LocalObjectStore(ObjectStore):
             raise ObjectNotFound(f"no object {key}") from None
         if not data_path.is_file():
             raise ObjectNotFound(f"no object {key}")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (FileNotFoundError, ValueError):
-            meta = {}
-        return ObjectInfo(key=key, size=st.st_size, sha256=meta.get("sha256"), modified=st.st_mtime)
+        sha256 = self._sha256_of(data_path, meta_path, st)
+        return ObjectInfo(key=key, size=st.st_size, sha256=sha256, modified=st.st_mtime)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         validate_prefix(prefix)
@@ -145,3 +179,8 @@ class LocalObjectStore(ObjectStore):
             probe.unlink()
         except OSError as exc:
             raise StorageError(f"object store at {self.root} is not writable: {exc}") from exc
+
+
+def _file_identity(st: os.stat_result) -> dict[str, int]:
+    """What tells one version of a data file from another: a new write is a new inode and mtime."""
+    return {"inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}

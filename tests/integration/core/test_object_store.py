@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,28 @@ import pytest
 from core.errors import InvalidKey, ObjectNotFound, PayloadTooLarge, StorageError
 from core.storage import LocalObjectStore, ObjectStore, S3ObjectStore
 from tests.services import S3Service
+
+# A writer process that uploads a 40 MB file and stops dead at its commit point, after every byte has
+# gone out: S3's CompleteMultipartUpload (the parts are on the server), or the local store's renames.
+FROZEN_WRITER = """
+import os, sys, time
+from pathlib import Path
+import minio.api
+from core.storage import LocalObjectStore, S3ObjectStore
+
+def freeze(*args, **kwargs):
+    print("committing", flush=True)
+    time.sleep(3600)
+
+backend, key, path, *s3 = sys.argv[1:]
+if backend == "s3":
+    minio.api.Minio._complete_multipart_upload = freeze
+    store = S3ObjectStore(*s3)
+else:
+    LocalObjectStore._commit = freeze
+    store = LocalObjectStore(s3[0])
+store.put_file(key, Path(path))
+"""
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -79,6 +103,42 @@ def test_interrupted_write_leaves_no_object(store: ObjectStore) -> None:
         store.put_stream("tenants/t1/files/partial", FailingStream(5 * 1024 * 1024))
     assert not store.exists("tenants/t1/files/partial")
     assert store.list("tenants/t1/") == []
+
+
+def test_a_writer_killed_at_its_commit_point_leaves_no_object(
+    store: ObjectStore, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(40 * 1024 * 1024))  # several parts on S3
+    if isinstance(store, S3ObjectStore):
+        s3: S3Service = request.getfixturevalue("s3_service")
+        where = ["s3", s3.endpoint, s3.access_key, s3.secret_key, store.bucket]
+    else:
+        assert isinstance(store, LocalObjectStore)
+        where = ["local", str(store.root)]
+    argv = [sys.executable, "-c", FROZEN_WRITER, where[0], "tenants/t1/adapters/a1/w.safetensors", str(src), *where[1:]]
+    writer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "committing\n"
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
+    assert not store.exists("tenants/t1/adapters/a1/w.safetensors")
+    assert store.list("tenants/") == []
+
+
+def test_metadata_left_from_another_version_is_not_trusted(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "objects")
+    store.put_bytes("a/key", b"first version")
+    # A writer that died between its two renames: new bytes in place, the old version's metadata beside them.
+    tmp = store.root / "tmp" / "crashed"
+    tmp.write_bytes(b"second version")
+    os.replace(tmp, store.root / "data" / "a" / "key")
+
+    want = hashlib.sha256(b"second version").hexdigest()
+    assert store.stat("a/key").sha256 == want
+    assert store.get_file("a/key", tmp_path / "out").sha256 == want
+    assert want in (store.root / "meta" / "a" / "key.json").read_text()  # repaired for the next reader
 
 
 def test_overwrite_is_whole(store: ObjectStore) -> None:
