@@ -67,7 +67,7 @@ def _delete_quietly(store: ObjectStore, key: str) -> None:
     try:
         store.delete(key)
     except Exception:
-        log.exception("could not remove %s after a failed adapter upload", key)
+        log.exception("could not remove %s after a failed adapter upload; the orphan sweep will", key)
 
 
 def uploaded_adapter_row(

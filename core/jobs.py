@@ -26,6 +26,12 @@ def adapter_id_for_job(job_id: str) -> str:
     return "adapter-" + job_id.split("-", 1)[-1]
 
 
+def job_id_for_adapter(adapter_id: str) -> str:
+    """The job that would produce ``adapter_id`` (the inverse of :func:`adapter_id_for_job`); uploaded
+    adapters name a job that does not exist."""
+    return "ftjob-" + adapter_id.split("-", 1)[-1]
+
+
 def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
     """``ft:{base}:{tenant}:{suffix}:{job}``, the name clients pass as ``model``."""
     return f"ft:{base_model}:{tenant_name}:{suffix or ''}:{job_id}"

@@ -35,6 +35,13 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option(envvar="LORAPLEX_WORKER_RETRY_DELAY_SECONDS", help="Wait before retrying a transient error."),
         ] = 30.0,
+        orphan_grace_seconds: Annotated[
+            float,
+            typer.Option(
+                envvar="LORAPLEX_WORKER_ORPHAN_GRACE_SECONDS",
+                help="Age after which stored objects that no row refers to (a crashed upload's) are removed.",
+            ),
+        ] = 3600.0,
     ) -> None:
         """Train fine-tuning jobs from the queue of LORAPLEX_BASE_MODEL (Redis at LORAPLEX_REDIS_URL)."""
         from core.queue import train_queue
@@ -46,7 +53,9 @@ def register(app: typer.Typer) -> None:
             console.print("[red]error:[/red] LORAPLEX_BASE_MODEL is not set: point it at the base model directory")
             raise typer.Exit(2)
         try:
-            options = WorkerOptions(heartbeat_seconds, stale_after_seconds, reap_every_seconds, retry_delay_seconds)
+            options = WorkerOptions(
+                heartbeat_seconds, stale_after_seconds, reap_every_seconds, retry_delay_seconds, orphan_grace_seconds
+            )
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None

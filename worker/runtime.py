@@ -22,16 +22,21 @@ from trainer.manifest import BaseModelFingerprint, fingerprint_base_model
 class WorkerOptions:
     """Liveness timing: a running job heartbeats every ``heartbeat_seconds``; one silent for
     ``stale_after_seconds`` is requeued by the reaper, which runs every ``reap_every_seconds`` (and also sends
-    again the message of a job queued that long whose message is missing)."""
+    again the message of a job queued that long whose message is missing). Stored objects no row refers
+    to are removed once ``orphan_grace_seconds`` old, by a sweep that runs every quarter of that."""
 
     heartbeat_seconds: float = 10.0
     stale_after_seconds: float = 120.0
     reap_every_seconds: float = 30.0
     retry_delay_seconds: float = 30.0  # before retrying a job that hit a transient error (store down)
+    orphan_grace_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_seconds, self.reap_every_seconds) <= 0 or self.retry_delay_seconds < 0:
             raise ValueError("worker intervals must be positive")
+        if self.orphan_grace_seconds < self.stale_after_seconds:
+            # An upload between its objects and its row must never look abandoned.
+            raise ValueError("orphan_grace_seconds must be at least stale_after_seconds")
         if self.stale_after_seconds < 3 * self.heartbeat_seconds:
             # A couple of slow beats must not get a healthy job requeued under its worker.
             raise ValueError("stale_after_seconds must be at least 3 x heartbeat_seconds")

@@ -77,4 +77,4 @@ def remove_adapter_objects(store: ObjectStore, prefix: str) -> None:
     try:
         store.delete_prefix(prefix)
     except Exception:
-        log.exception("could not remove adapter objects under %s; remove them by hand", prefix)
+        log.exception("could not remove adapter objects under %s; the orphan sweep will", prefix)
