@@ -36,7 +36,8 @@ Segments
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -163,6 +164,8 @@ class Segments:
     max_len: int  # longest segment (host int: sizes the launch grid)
     max_rank: int  # widest rank any segment's adapter uses in any layer/projection (host int)
     token_index: torch.Tensor | None = None  # int64 [num_tokens] or None for identity
+    # What a backend derives from these once per step and reuses in every layer (host-side only).
+    host_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_segments(self) -> int:

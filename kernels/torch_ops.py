@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 SHORT_SEGMENT = 16
 # No -ffast-math: linking with it sets flush-to-zero for the whole process (crtfastmath), which changes
 # float behaviour for everything else loaded alongside (Hypothesis refuses to run, for one).
-C_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
+C_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 C_LIBS = ("-lm",)
+# Threads come from OpenMP (torch's own workers); a compiler without it builds a single-threaded loop.
+OPENMP_FLAGS = ("-fopenmp",)
 
 
 @dataclass
@@ -160,26 +162,67 @@ def add_lora(
     if segs.max_rank == 0:
         return
     min_length = 1
-    lib = _c_library() if _c_eligible(y, x, arena, tables, segs) else None
-    if lib is not None:
-        if min(segs.lengths.tolist(), default=0) <= SHORT_SEGMENT:
-            _add_lora_c(lib, y, x, arena, tables, group, segs)
+    step = _c_step(segs) if _c_eligible(y, x, arena, tables) else None
+    if step is not None:
+        if step.any_short:
+            _add_lora_c(step, y, x, arena, tables, group, segs)
+        if not step.any_long:
+            return
         min_length = SHORT_SEGMENT + 1
     for plan in _plan(arena, tables, group, segs, x.shape[1], min_length):
         _expand_segment(y, _shrink_segment(x, plan), plan, group)
 
 
-def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables, segs: Segments) -> bool:
-    """Whether the C loop's assumptions (CPU fp32, unit column strides, layout dtypes) hold."""
+@dataclass(frozen=True)
+class _CStep:
+    """What the C loop needs from a step's segments, derived once and reused by every layer and group."""
+
+    lib: ctypes.CDLL
+    any_short: bool
+    any_long: bool
+    use: torch.Tensor  # int32 [G]: 1 where the segment is short enough for the C loop
+    workspace: torch.Tensor
+    per_thread: int
+    threads: int
+
+
+def _c_step(segs: Segments) -> _CStep | None:
+    """The step's C-loop plan, or None when the loop is unavailable or the segments do not suit it."""
+    if "c_step" not in segs.host_cache:
+        segs.host_cache["c_step"] = _make_c_step(segs)
+    return segs.host_cache["c_step"]
+
+
+def _make_c_step(segs: Segments) -> _CStep | None:
     seg_tensors = (segs.starts, segs.lengths, segs.slots)
     index = segs.token_index
+    suitable = all(t.device.type == "cpu" and t.dtype == torch.int32 and t.is_contiguous() for t in seg_tensors) and (
+        index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu")
+    )
+    lib = _c_library() if suitable else None
+    if lib is None:
+        return None
+    lengths = segs.lengths.tolist()
+    threads = _c_threads()
+    per_thread = SHORT_SEGMENT * max(segs.max_rank, 1)
+    return _CStep(
+        lib=lib,
+        any_short=min(lengths, default=SHORT_SEGMENT + 1) <= SHORT_SEGMENT,
+        any_long=max(lengths, default=0) > SHORT_SEGMENT,
+        use=(segs.lengths <= SHORT_SEGMENT).to(torch.int32),
+        workspace=torch.empty(threads * per_thread, dtype=torch.float32),
+        per_thread=per_thread,
+        threads=threads,
+    )
+
+
+def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables) -> bool:
+    """Whether the C loop's assumptions (CPU fp32, unit column strides, layout dtypes) hold for one call."""
     return (
-        all(t.device.type == "cpu" for t in (y, x, arena, tables.ranks, *seg_tensors))
+        y.device.type == x.device.type == arena.device.type == tables.ranks.device.type == "cpu"
         and y.dtype == x.dtype == arena.dtype == tables.scales.dtype == torch.float32
         and tables.a_rows.dtype == tables.b_rows.dtype == torch.int64
         and tables.ranks.dtype == torch.int32
-        and all(t.dtype == torch.int32 and t.is_contiguous() for t in seg_tensors)
-        and (index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu"))
         and y.stride(1) == 1
         and x.stride(1) == 1
         and tables.a_rows.stride(-1) == 1
@@ -188,8 +231,15 @@ def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: L
     )
 
 
+@functools.cache
+def _group_arrays(group: SliceGroup) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
+    """The group's projections, output offsets and widths as C arrays (groups are fixed per model)."""
+    array = ctypes.c_int64 * group.num_slices
+    return array(*group.projections), array(*group.out_offsets), array(*group.out_widths)
+
+
 def _add_lora_c(
-    lib: ctypes.CDLL,
+    step: _CStep,
     y: torch.Tensor,
     x: torch.Tensor,
     arena: torch.Tensor,
@@ -198,20 +248,16 @@ def _add_lora_c(
     segs: Segments,
 ) -> None:
     """Every segment of at most ``SHORT_SEGMENT`` tokens in one C call."""
-    use = (segs.lengths <= SHORT_SEGMENT).to(torch.int32)
-    threads = _c_threads()
-    per_thread = SHORT_SEGMENT * max(segs.max_rank, 1)
-    workspace = torch.empty(threads * per_thread, dtype=torch.float32)
     index = segs.token_index
-    groups = ctypes.c_int64 * group.num_slices
-    lib.lora_segments(
+    projections, out_offsets, out_widths = _group_arrays(group)
+    step.lib.lora_segments(
         x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), arena.data_ptr(), x.shape[1],
-        segs.num_segments, segs.starts.data_ptr(), segs.lengths.data_ptr(), segs.slots.data_ptr(), use.data_ptr(),
-        index.data_ptr() if index is not None else None, group.num_slices,
-        groups(*group.projections), groups(*group.out_offsets), groups(*group.out_widths),
+        segs.num_segments, segs.starts.data_ptr(), segs.lengths.data_ptr(), segs.slots.data_ptr(),
+        step.use.data_ptr(), index.data_ptr() if index is not None else None, group.num_slices,
+        projections, out_offsets, out_widths,
         tables.a_rows.data_ptr(), tables.b_rows.data_ptr(), tables.a_rows.stride(0), tables.a_rows.stride(1),
         tables.ranks.data_ptr(), tables.scales.data_ptr(), tables.ranks.stride(0), tables.ranks.stride(1),
-        workspace.data_ptr(), per_thread, threads,
+        step.workspace.data_ptr(), step.per_thread, step.threads,
     )  # fmt: skip
 
 
@@ -232,12 +278,11 @@ def _c_attention_eligible(
 
 
 def _c_threads() -> int:
-    """Threads for the C loops: 1 unless ``LORAPLEX_CPU_KERNEL_THREADS`` says otherwise.
-
-    torch's OpenMP workers keep spinning for a while after each op; extra threads of ours would fight
-    them for the same cores, which measured slower than one thread on a 2-core machine.
-    """
-    return max(1, int(os.environ.get("LORAPLEX_CPU_KERNEL_THREADS", "1")))
+    """Threads for the C loops: torch's intra-op thread count, unless ``LORAPLEX_CPU_KERNEL_THREADS`` says
+    otherwise. The loops run on torch's own OpenMP workers (see ``cpu_sgmv.c``), so this many never
+    oversubscribes the cores torch was given."""
+    configured = os.environ.get("LORAPLEX_CPU_KERNEL_THREADS")
+    return max(1, int(configured) if configured else torch.get_num_threads())
 
 
 @functools.cache
@@ -252,7 +297,8 @@ def _c_library() -> ctypes.CDLL | None:
     cpu = platform.machine() + platform.processor()
     with contextlib.suppress(OSError, IndexError):
         cpu += Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
-    key = hashlib.sha256(source.read_bytes() + " ".join(C_FLAGS).encode() + cpu.encode()).hexdigest()[:16]
+    flags = " ".join((*C_FLAGS, *OPENMP_FLAGS)).encode()
+    key = hashlib.sha256(source.read_bytes() + flags + cpu.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("LORAPLEX_KERNEL_CACHE", Path.home() / ".cache" / "loraplex" / "kernels"))
     target = cache / f"cpu_sgmv-{key}.so"
     try:
@@ -260,8 +306,12 @@ def _c_library() -> ctypes.CDLL | None:
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 built = Path(tmp) / target.name
-                command = [compiler, *C_FLAGS, str(source), "-o", str(built), *C_LIBS]
-                subprocess.run(command, check=True, capture_output=True)
+                for extra in (OPENMP_FLAGS, ()):
+                    command = [compiler, *C_FLAGS, *extra, str(source), "-o", str(built), *C_LIBS]
+                    done = subprocess.run(command, capture_output=True)
+                    if done.returncode == 0:
+                        break
+                done.check_returncode()
                 os.replace(built, target)  # atomic: concurrent builders race harmlessly
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.CalledProcessError) as exc:

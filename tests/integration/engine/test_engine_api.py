@@ -69,11 +69,22 @@ def test_stop_strings_and_stop_tokens(engine):
 
 
 def test_eos_stops_unless_ignored(engine):
-    # Force EOS: it is the only token the request may emit once it is a stop token too.
-    engine.add_request("e", PROMPT, SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[EOS_ID]))
-    out = drain(engine)[-1].outputs[0]
-    assert out.finish_reason in ("stop", "length")
-    assert EOS_ID in engine.eos_token_ids
+    assert EOS_ID in engine.eos_token_ids  # read from the model's config and tokenizer
+    engine.add_request("g", PROMPT, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    tokens = drain(engine)[-1].outputs[0].token_ids
+    # A random tiny model rarely emits its real EOS: treat a token it does emit greedily as end of sequence.
+    eos = tokens[4]
+    first = tokens.index(eos)
+    engine.eos_token_ids = {EOS_ID, eos}
+
+    engine.add_request("e", PROMPT, SamplingParams(temperature=0.0, max_tokens=12))
+    stopped = drain(engine)[-1].outputs[0]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", None)
+    assert stopped.token_ids == tokens[: first + 1]
+
+    engine.add_request("i", PROMPT, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    ignored = drain(engine)[-1].outputs[0]
+    assert ignored.finish_reason == "length" and ignored.token_ids == tokens
 
 
 def test_abort_reports_and_frees(engine):

@@ -3,6 +3,7 @@ base model, a local adapter and a stored one (by descriptor); usage, token ids, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,6 +172,20 @@ def test_vllm_style_load_and_unload(server, stored, base_name):
         prefetch = {"lora_name": stored.name, "adapter": stored.model_dump(), "pinned": True}
         assert http.post("/v1/load_lora_adapter", json=prefetch).status_code == 200
         assert stored.id in server.runtime.replica_status().resident_adapters
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streams_are_server_sent_events_ending_in_done(server, base_name, path):
+    body = {"model": base_name, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body |= {"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": PROMPT}]}
+    with server.http() as http, http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1
+    chunks = [json.loads(line.removeprefix("data: ")) for line in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
 def test_every_route_but_health_needs_the_internal_token(server, base_name):

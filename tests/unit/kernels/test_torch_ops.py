@@ -8,7 +8,7 @@ import torch
 from kernels import reference, torch_ops
 from kernels.layout import NO_ADAPTER, QKV, LoraTables, Segments, SliceGroup
 
-IN, OUT = 40, (40, 24, 24)
+IN, OUT = 44, (40, 24, 20)  # widths off the 8-float vector too: the C loop's scalar tails run
 TOL = dict(rtol=1e-5, atol=2e-4)
 
 
@@ -38,10 +38,11 @@ RANKS = {0: (4, 0, 16), 1: (8, 8, 8), 2: (1, 3, 0)}
 
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("permuted", [False, True])
-@pytest.mark.parametrize("lengths", ["decode", "prefill"])
+@pytest.mark.parametrize("lengths", ["decode", "chunked", "prefill"])
 def test_add_lora_matches_reference(contiguous, permuted, lengths):
     arena, tables = build(RANKS, contiguous)
-    repeat = 1 if lengths == "decode" else 23  # short segments (C loop) and long ones (matmuls)
+    # Short segments (C loop: 1-3 tokens, then 5-15 in blocks of 4 with ragged tails) and long ones (matmuls).
+    repeat = {"decode": 1, "chunked": 5, "prefill": 23}[lengths]
     token_slots = [s for s in [0, 0, NO_ADAPTER, 1, 2, 2, 2, 1] for _ in range(repeat)]
     n = len(token_slots)
     index = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist() if permuted else None
