@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from core.db import read_session
-from core.descriptor import adapter_prefix, file_key
+from core.descriptor import file_key
 from core.jobs import adapter_id_for_job, job_id_for_adapter
 from core.models import Adapter, File, FineTuneJob, JobStatus
 from core.storage import ObjectInfo, ObjectStore
@@ -76,11 +76,12 @@ def sweep_orphaned_objects(
 def _group(objects: Iterable[ObjectInfo]) -> list[_Group]:
     keys: dict[tuple[str, str, str], list[ObjectInfo]] = defaultdict(list)
     for obj in objects:
+        # tenants/{t}/files/{file} and tenants/{t}/adapters/{adapter}/{name}: the layouts of core.descriptor
+        # (file_key, adapter_prefix); the listing's prefix already fixed the first part.
         parts = obj.key.split("/")
-        # tenants/{t}/files/{file} and tenants/{t}/adapters/{adapter}/{name}: the layouts of core.descriptor.
-        if len(parts) == 4 and parts[2] == "files" and obj.key == file_key(parts[1], parts[3]):
+        if len(parts) == 4 and parts[2] == "files":
             keys[("file", parts[1], parts[3])].append(obj)
-        elif len(parts) >= 5 and parts[2] == "adapters" and obj.key.startswith(adapter_prefix(parts[1], parts[3])):
+        elif len(parts) >= 5 and parts[2] == "adapters":
             keys[("adapter", parts[1], parts[3])].append(obj)
     return [
         _Group(kind, tenant, object_id, tuple(o.key for o in found), max(o.modified for o in found))

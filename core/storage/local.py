@@ -46,7 +46,6 @@ class LocalObjectStore(ObjectStore):
     def _commit(self, key: str, tmp_data: Path, sha256: str, size: int) -> ObjectInfo:
         data_path, meta_path = self._paths(key)
         data_path.parent.mkdir(parents=True, exist_ok=True)
-        meta_path.parent.mkdir(parents=True, exist_ok=True)
         st = tmp_data.stat()  # a rename keeps inode and mtime, so this identifies the committed file
         os.replace(tmp_data, data_path)
         self._write_meta(meta_path, sha256, st)
