@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.layout import (
+from loraplex_kernels.layout import (
     DOWN,
     GATE_UP,
     QKV,
@@ -290,7 +290,7 @@ def bench_lora(
     shapes: list[LoraShape], dims: ModelDims, dtype: torch.dtype, device: str, copy_bw: float
 ) -> list[Timing]:
     """Time the Triton add_lora and the torch peer on every shape; check they agree."""
-    from kernels import triton_sgmv
+    from loraplex_kernels import triton_sgmv
 
     results = []
     for shape in shapes:
@@ -314,7 +314,7 @@ def bench_attention(
     cases: list[tuple[int, int]], dims: ModelDims, dtype: torch.dtype, device: str, copy_bw: float
 ) -> list[Timing]:
     """Time Triton paged decode attention and gather + SDPA on equal-length contexts."""
-    from kernels import triton_attention
+    from loraplex_kernels import triton_attention
 
     gen = torch.Generator().manual_seed(0)
     device_gen = torch.Generator(device=device).manual_seed(0)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from core.errors import ConfigError
-from kernels import KVGeometry, LoraTables, kv_cache_views
+from loraplex_kernels import KVGeometry, LoraTables, kv_cache_views
 from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
 from server.engine.model_runner import ModelRunner
 from server.engine.sampler import Sampler

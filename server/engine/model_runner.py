@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import NO_ADAPTER, Segments
+from loraplex_kernels import NO_ADAPTER, Segments
 from server.engine.outputs import TokenLogprob
 from server.engine.sampler import Sampler, SamplingRow
 from server.engine.scheduler import SchedulerOutput

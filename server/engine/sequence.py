@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from kernels import NO_ADAPTER
+from loraplex_kernels import NO_ADAPTER
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringFilter
 from server.engine.outputs import FinishReason, TokenLogprob
 from server.engine.sampling_params import SamplingParams

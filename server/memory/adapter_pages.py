@@ -14,8 +14,8 @@ import torch
 
 from core.adapter_format import PROJECTIONS, AdapterWeights, BaseShapes
 from core.errors import InvalidRequest, ServiceUnavailable
-from kernels import DOWN, GATE_UP, QKV, ROW_ALIGN, LoraTables
-from kernels import O as O_PROJ
+from loraplex_kernels import DOWN, GATE_UP, QKV, ROW_ALIGN, LoraTables
+from loraplex_kernels import O as O_PROJ
 from server.memory.pool import PagePool, PageUse
 
 GROUPS: tuple[tuple[int, ...], ...] = (QKV, O_PROJ, GATE_UP, DOWN)

@@ -8,7 +8,7 @@ from enum import Enum
 import torch
 
 from core.errors import ServiceUnavailable
-from kernels import KVGeometry
+from loraplex_kernels import KVGeometry
 
 
 class PoolExhausted(ServiceUnavailable):
@@ -39,7 +39,7 @@ class PoolStats:
 
 
 class PagePool:
-    """A flat arena of ``num_pages`` interchangeable pages (see :mod:`kernels.layout`)."""
+    """A flat arena of ``num_pages`` interchangeable pages (see :mod:`loraplex_kernels.layout`)."""
 
     def __init__(self, geometry: KVGeometry, num_pages: int, dtype: torch.dtype, device: torch.device | str) -> None:
         if num_pages < 1:

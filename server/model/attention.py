@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import kernels
+import loraplex_kernels as kernels
 
 
 @dataclass

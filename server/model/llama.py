@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import DOWN, GATE_UP, QKV, LayerLoraTables, LoraTables, Segments, SliceGroup
-from kernels import O as O_PROJ
+import loraplex_kernels as kernels
+from loraplex_kernels import DOWN, GATE_UP, QKV, LayerLoraTables, LoraTables, Segments, SliceGroup
+from loraplex_kernels import O as O_PROJ
 from server.model.attention import AttentionMetadata, paged_attention, write_kv
 from server.model.config import ModelConfig
 from server.model.rope import RotaryEmbedding

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -104,9 +103,6 @@ def test_parity_holds_when_requests_are_preempted_and_resumed(case):
     assert stats.kv_pages == 0 and stats.free_pages == stats.total_pages - stats.adapter_pages
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("kernels.triton_sgmv") is None, reason="kernels.triton_sgmv not written yet"
-)
 def test_parity_with_triton_kernels(case, monkeypatch):
     """The Triton SGMV and paged-attention kernels (interpreted on CPU) give the same tokens."""
     base, dirs, requests, expected = case

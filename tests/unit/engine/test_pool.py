@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from core.adapter_format import PROJECTIONS, AdapterWeights, BaseShapes, LoraTensors
-from kernels import KVGeometry, LoraTables, Segments, SliceGroup, reference
-from kernels.layout import DOWN, GATE_UP, QKV
+from loraplex_kernels import KVGeometry, LoraTables, Segments, SliceGroup, reference
+from loraplex_kernels.layout import DOWN, GATE_UP, QKV
 from server.memory.adapter_pages import AdapterPages, AdapterRankTooLarge, NoFreeAdapterSlot, pack_blocks, row_blocks
 from server.memory.pool import PagePool, PageUse, PoolExhausted
 
@@ -120,7 +120,7 @@ def test_limits_are_enforced_with_clear_errors():
 
 
 def test_row_alignment_is_promised_only_when_every_row_start_is_aligned():
-    from kernels import ROW_ALIGN
+    from loraplex_kernels import ROW_ALIGN
     from server.memory.adapter_pages import row_alignment
 
     assert row_alignment(SHAPES, GEOMETRY.page_elems) == ROW_ALIGN  # widths 16/32/48, page 2048

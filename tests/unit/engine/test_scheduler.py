@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import KVGeometry
+from loraplex_kernels import KVGeometry
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
 from server.engine.sequence import Sequence, SequenceStatus

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.layout import NO_ADAPTER, PROJECTIONS, LoraTables, Segments, SliceGroup
+from loraplex_kernels.layout import NO_ADAPTER, PROJECTIONS, LoraTables, Segments, SliceGroup
 from tests.unit.kernels.packing import PackedLora, pack_lora
 
 

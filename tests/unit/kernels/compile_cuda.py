@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_attention, triton_sgmv
+from loraplex_kernels import triton_attention, triton_sgmv
 
 # Arguments that are unit strides in practice: triton specialises those to the constant 1.
 UNIT = {"stride_xk", "stride_vr", "stride_ar", "stride_rp", "stride_yn", "stride_br", "stride_sp", "stride_qd"}

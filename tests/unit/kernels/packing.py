@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.layout import LayerLoraTables, LoraTables
+from loraplex_kernels.layout import LayerLoraTables, LoraTables
 
 # Key of one adapted projection: (adapter slot, projection index).
 Key = tuple[int, int]

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from kernels import reference, triton_attention
-from kernels.configs import AttentionConfig, attention_config
-from kernels.layout import KVGeometry, kv_cache_views
+from loraplex_kernels import reference, triton_attention
+from loraplex_kernels.configs import AttentionConfig, attention_config
+from loraplex_kernels.layout import KVGeometry, kv_cache_views
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from kernels import reference
-from kernels.layout import ROW_ALIGN
+from loraplex_kernels import reference
+from loraplex_kernels.layout import ROW_ALIGN
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "kernels_gpu.py"
 

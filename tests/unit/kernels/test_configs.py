@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.configs import MIN_DOT, attention_config, cdiv, expand_config, next_pow2, shrink_config
+from loraplex_kernels.configs import MIN_DOT, attention_config, cdiv, expand_config, next_pow2, shrink_config
 
 H100_SMS = 132
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import triton_attention, triton_sgmv
+import loraplex_kernels as kernels
+from loraplex_kernels import triton_attention, triton_sgmv
 from tests.unit.kernels.cases import make_batch
 from tests.unit.kernels.sweep import CASES
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernels.interpreter_compat import _index
+from loraplex_kernels.interpreter_compat import _index
 
 
 @pytest.mark.parametrize("data", [np.int32(7), np.array(7), np.array([7]), np.array([[7]], dtype=np.int64)])

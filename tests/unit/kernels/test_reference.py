@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from kernels import reference
+from loraplex_kernels import reference
 from tests.unit.kernels.cases import adapted_mask, dense_delta, make_batch
 from tests.unit.kernels.packing import pack_lora
 from tests.unit.kernels.sweep import CASES, DTYPES, y_tolerance

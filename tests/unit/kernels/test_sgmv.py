@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from kernels import reference, triton_sgmv
-from kernels.configs import ExpandConfig, ShrinkConfig, expand_config, shrink_config
+from loraplex_kernels import reference, triton_sgmv
+from loraplex_kernels.configs import ExpandConfig, ShrinkConfig, expand_config, shrink_config
 from tests.unit.kernels.cases import Batch, adapted_mask, make_batch
 from tests.unit.kernels.sweep import CASES, DTYPES, V_TOLERANCE, y_tolerance
 

@@ -1,12 +1,12 @@
-"""The vectorised CPU path (``kernels.torch_ops``) against the obviously-correct reference loops."""
+"""The vectorised CPU path (``loraplex_kernels.torch_ops``) against the obviously-correct reference loops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import reference, torch_ops
-from kernels.layout import NO_ADAPTER, QKV, LoraTables, Segments, SliceGroup
+from loraplex_kernels import reference, torch_ops
+from loraplex_kernels.layout import NO_ADAPTER, QKV, LoraTables, Segments, SliceGroup
 
 IN, OUT = 44, (40, 24, 20)  # widths off the 8-float vector too: the C loop's scalar tails run
 TOL = dict(rtol=1e-5, atol=2e-4)
@@ -36,13 +36,20 @@ def build(ranks: dict[int, tuple[int, ...]], contiguous: bool, seed: int = 0, dt
 RANKS = {0: (4, 0, 16), 1: (8, 8, 8), 2: (1, 3, 0)}
 
 
+@pytest.mark.parametrize("use_c", [True, False], ids=["c-loop", "torch-ops"])
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("permuted", [False, True])
 @pytest.mark.parametrize("lengths", ["decode", "chunked", "prefill"])
-def test_add_lora_matches_reference(contiguous, permuted, lengths):
+def test_add_lora_matches_reference(use_c, contiguous, permuted, lengths, monkeypatch):
+    if not use_c:
+        monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+    else:
+        assert torch_ops._c_library() is not None, "the C loop should build here (a C compiler is installed)"
     arena, tables = build(RANKS, contiguous)
-    # Short segments (C loop: 1-3 tokens, then 5-15 in blocks of 4 with ragged tails) and long ones (matmuls).
+    # Segments of 1-3 tokens, of 5-15 (blocks of 4 with ragged tails) and of 23-69 (69 > C_CHUNK_TOKENS:
+    # the C loop cuts it into two work items).
     repeat = {"decode": 1, "chunked": 5, "prefill": 23}[lengths]
+    assert torch_ops.C_CHUNK_TOKENS < 3 * 23
     token_slots = [s for s in [0, 0, NO_ADAPTER, 1, 2, 2, 2, 1] for _ in range(repeat)]
     n = len(token_slots)
     index = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist() if permuted else None
@@ -55,18 +62,6 @@ def test_add_lora_matches_reference(contiguous, permuted, lengths):
     torch.testing.assert_close(got, expected, **TOL)
     no_adapter_rows = [index[i] if index else i for i, s in enumerate(token_slots) if s == NO_ADAPTER]
     assert torch.equal(got[no_adapter_rows], y[no_adapter_rows])
-
-
-def test_add_lora_without_the_c_loop_matches_reference(monkeypatch):
-    monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
-    arena, tables = build(RANKS, contiguous=True)
-    segs = Segments.from_token_slots([0, 1, 1, 2], {0: 16, 1: 8, 2: 3})
-    group = SliceGroup.contiguous(QKV, OUT)
-    x, y = torch.randn(4, IN), torch.randn(4, sum(OUT))
-    expected, got = y.clone(), y.clone()
-    reference.add_lora(expected, x, arena, tables, group, segs)
-    torch_ops.add_lora(got, x, arena, tables, group, segs)
-    torch.testing.assert_close(got, expected, **TOL)
 
 
 def test_bf16_arena_is_accumulated_in_fp32():
@@ -106,21 +101,27 @@ def test_a_batch_without_adapters_is_untouched():
 
 @pytest.mark.parametrize("use_c", [True, False])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4)])
-def test_paged_attention_decode_matches_reference(use_c, heads, kv_heads, monkeypatch):
+# 72: a 64-column chunk and an 8-column tail; one sequence: the C loop splits its KV heads across threads.
+@pytest.mark.parametrize(("head_dim", "batch"), [(16, 5), (72, 5), (16, 1)])
+def test_paged_attention_decode_matches_reference(use_c, heads, kv_heads, head_dim, batch, monkeypatch):
+    monkeypatch.setenv("LORAPLEX_CPU_KERNEL_THREADS", "2")
     if not use_c:
         monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+    else:
+        assert torch_ops._c_library() is not None, "the C loop should build here (a C compiler is installed)"
     gen = torch.Generator().manual_seed(0)
-    head_dim, block_size, pages = 16, 16, 40
+    block_size, pages = 16, 40
     # One layer's views out of a two-layer arena: pages are strided, as in the real pool.
     arena = torch.randn(pages, 2, 2, block_size, kv_heads, head_dim, generator=gen)
     k_cache, v_cache = arena[:, 1, 0], arena[:, 1, 1]
-    lens = torch.tensor([1, 17, 64, 0, 33], dtype=torch.int32)
-    tables = torch.stack([torch.randperm(pages, generator=gen)[:5] for _ in range(5)]).to(torch.int32)
-    q = torch.randn(5, heads, head_dim, generator=gen)
+    lens = torch.tensor([33, 17, 64, 0, 1][:batch], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(pages, generator=gen)[:5] for _ in range(batch)]).to(torch.int32)
+    q = torch.randn(batch, heads, head_dim, generator=gen)
     expected = reference.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25)
     got = torch_ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[3], torch.zeros_like(got[3]))
+    if batch > 3:
+        assert torch.equal(got[3], torch.zeros_like(got[3]))
 
 
 def test_paged_attention_refuses_tables_outside_the_cache():

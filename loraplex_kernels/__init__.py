@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.layout import (
+from loraplex_kernels.layout import (
     DOWN,
     GATE_UP,
     NO_ADAPTER,
@@ -66,20 +66,20 @@ def backend_for(device: torch.device) -> str:
 
 def _sgmv_impl(device: torch.device) -> ModuleType:
     if backend_for(device) == "triton":
-        from kernels import triton_sgmv
+        from loraplex_kernels import triton_sgmv
 
         return triton_sgmv
-    from kernels import torch_ops
+    from loraplex_kernels import torch_ops
 
     return torch_ops
 
 
 def _attention_impl(device: torch.device) -> ModuleType:
     if backend_for(device) == "triton":
-        from kernels import triton_attention
+        from loraplex_kernels import triton_attention
 
         return triton_attention
-    from kernels import torch_ops
+    from loraplex_kernels import torch_ops
 
     return torch_ops
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
+from loraplex_kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
 
 
 def _segment_rows(segs: Segments, g: int) -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.configs import MIN_DOT, AttentionConfig, attention_config, next_pow2, num_sms
-from kernels.triton_common import check_launchable, dot
+from loraplex_kernels.configs import MIN_DOT, AttentionConfig, attention_config, next_pow2, num_sms
+from loraplex_kernels.triton_common import check_launchable, dot
 
 
 @triton.jit

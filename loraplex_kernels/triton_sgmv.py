@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.configs import (
+from loraplex_kernels.configs import (
     MAX_SLICES_PER_LAUNCH,
     ExpandConfig,
     ShrinkConfig,
@@ -21,8 +21,8 @@ from kernels.configs import (
     num_sms,
     shrink_config,
 )
-from kernels.layout import LayerLoraTables, Segments, SliceGroup
-from kernels.triton_common import check_launchable, dot
+from loraplex_kernels.layout import LayerLoraTables, Segments, SliceGroup
+from loraplex_kernels.triton_common import check_launchable, dot
 
 # CUDA caps grid axes 1 and 2 at 65535; segments live on axis 1.
 MAX_SEGMENTS = 65535

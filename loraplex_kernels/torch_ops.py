@@ -1,12 +1,13 @@
-"""Vectorised torch versions of every kernel: the CPU fast path (same signatures as :mod:`kernels.reference`).
+"""Vectorised torch versions of every kernel: the CPU fast path (same signatures as :mod:`loraplex_kernels.reference`).
 
 Adapter rows are read in place: when a matrix's rows are evenly spaced by their width (the pool packs
 each fused group's A rows, and each projection's B^T rows, adjacently), the matrix is a zero-copy view
-of the arena; otherwise its rows are gathered. Long segments (prefill chunks) take one matmul per
-segment and fused group for the shrink and one per slice for the expand. Short segments (decodes),
-where a torch op costs far more to dispatch than to compute, all go through one call of a small C
-loop (``cpu_sgmv.c``, compiled once per machine and loaded with ctypes) when a C compiler exists;
-``LORAPLEX_CPU_SGMV=0`` turns it off.
+of the arena; otherwise its rows are gathered. In fp32 every segment of a layer and fused group goes
+through one call of a small C loop (``cpu_sgmv.c``, compiled once per machine and loaded with ctypes)
+when a C compiler exists: at decode a torch op costs far more to dispatch than to compute, and at
+prefill the loop's blocked shrink and expand beat per-segment matmuls (0.5 s of the engine benchmark's
+prefill LoRA became 0.2 s). Otherwise, or with ``LORAPLEX_CPU_SGMV=0``, each segment takes one matmul
+per fused group for the shrink and one per slice for the expand.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from pathlib import Path
 
 import torch
 
-from kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
+from loraplex_kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
 
 log = logging.getLogger(__name__)
 
-# Segments up to this many tokens go through the C loop; longer ones amortise torch's per-op cost.
-SHORT_SEGMENT = 16
+# The C loop's work items: a (chunk of at most this many tokens of one segment, slice). Chunks let a long
+# prefill segment use every thread, and keep a chunk's rows of x and y in L1/L2 while the adapter rows pass.
+C_CHUNK_TOKENS = 64
+# The C attention loop's limits (cpu_sgmv.c: MAX_BLOCK, and whole 8-float vectors per head).
+C_ATTENTION_MAX_BLOCK = 64
 # No -ffast-math: linking with it sets flush-to-zero for the whole process (crtfastmath), which changes
 # float behaviour for everything else loaded alongside (Hypothesis refuses to run, for one).
 C_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
@@ -64,11 +68,10 @@ def _plan(
     group: SliceGroup,
     segs: Segments,
     in_features: int | None,
-    min_length: int = 1,
 ) -> list[_SegmentPlan]:
-    """Per adapted segment of at least ``min_length`` tokens: its rows and views of its A and B^T matrices."""
+    """Per adapted segment: its rows and views of its A and B^T matrices."""
     slots, starts, lengths = segs.slots.tolist(), segs.starts.tolist(), segs.lengths.tolist()
-    used = [g for g in range(len(slots)) if slots[g] != NO_ADAPTER and lengths[g] >= min_length]
+    used = [g for g in range(len(slots)) if slots[g] != NO_ADAPTER and lengths[g]]
     if not used:
         return []
     index = torch.tensor([slots[g] for g in used], device=tables.ranks.device)
@@ -161,15 +164,11 @@ def add_lora(
     """``y += scale * B(A x)`` for every slice of ``group``: one shrink matmul per segment, then the expands."""
     if segs.max_rank == 0:
         return
-    min_length = 1
     step = _c_step(segs) if _c_eligible(y, x, arena, tables) else None
     if step is not None:
-        if step.any_short:
-            _add_lora_c(step, y, x, arena, tables, group, segs)
-        if not step.any_long:
-            return
-        min_length = SHORT_SEGMENT + 1
-    for plan in _plan(arena, tables, group, segs, x.shape[1], min_length):
+        _add_lora_c(step, y, x, arena, tables, group, segs)
+        return
+    for plan in _plan(arena, tables, group, segs, x.shape[1]):
         _expand_segment(y, _shrink_segment(x, plan), plan, group)
 
 
@@ -178,9 +177,10 @@ class _CStep:
     """What the C loop needs from a step's segments, derived once and reused by every layer and group."""
 
     lib: ctypes.CDLL
-    any_short: bool
-    any_long: bool
-    use: torch.Tensor  # int32 [G]: 1 where the segment is short enough for the C loop
+    # The adapted segments cut into chunks of at most C_CHUNK_TOKENS (int32, as Segments' fields).
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    slots: torch.Tensor
     workspace: torch.Tensor
     per_thread: int
     threads: int
@@ -194,22 +194,27 @@ def _c_step(segs: Segments) -> _CStep | None:
 
 
 def _make_c_step(segs: Segments) -> _CStep | None:
-    seg_tensors = (segs.starts, segs.lengths, segs.slots)
     index = segs.token_index
-    suitable = all(t.device.type == "cpu" and t.dtype == torch.int32 and t.is_contiguous() for t in seg_tensors) and (
+    suitable = segs.slots.device.type == "cpu" and (
         index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu")
     )
     lib = _c_library() if suitable else None
     if lib is None:
         return None
-    lengths = segs.lengths.tolist()
+    chunks = [
+        (start + offset, min(C_CHUNK_TOKENS, length - offset), slot)
+        for start, length, slot in zip(segs.starts.tolist(), segs.lengths.tolist(), segs.slots.tolist(), strict=True)
+        if slot != NO_ADAPTER
+        for offset in range(0, length, C_CHUNK_TOKENS)
+    ]
+    starts, lengths, slots = (torch.tensor([chunk[i] for chunk in chunks], dtype=torch.int32) for i in range(3))
     threads = _c_threads()
-    per_thread = SHORT_SEGMENT * max(segs.max_rank, 1)
+    per_thread = min(C_CHUNK_TOKENS, max(segs.max_len, 1)) * max(segs.max_rank, 1)
     return _CStep(
         lib=lib,
-        any_short=min(lengths, default=SHORT_SEGMENT + 1) <= SHORT_SEGMENT,
-        any_long=max(lengths, default=0) > SHORT_SEGMENT,
-        use=(segs.lengths <= SHORT_SEGMENT).to(torch.int32),
+        starts=starts,
+        lengths=lengths,
+        slots=slots,
         workspace=torch.empty(threads * per_thread, dtype=torch.float32),
         per_thread=per_thread,
         threads=threads,
@@ -247,13 +252,13 @@ def _add_lora_c(
     group: SliceGroup,
     segs: Segments,
 ) -> None:
-    """Every segment of at most ``SHORT_SEGMENT`` tokens in one C call."""
+    """Every adapted segment of the step in one C call."""
     index = segs.token_index
     projections, out_offsets, out_widths = _group_arrays(group)
     step.lib.lora_segments(
         x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), arena.data_ptr(), x.shape[1],
-        segs.num_segments, segs.starts.data_ptr(), segs.lengths.data_ptr(), segs.slots.data_ptr(),
-        step.use.data_ptr(), index.data_ptr() if index is not None else None, group.num_slices,
+        step.starts.numel(), step.starts.data_ptr(), step.lengths.data_ptr(), step.slots.data_ptr(),
+        index.data_ptr() if index is not None else None, group.num_slices,
         projections, out_offsets, out_widths,
         tables.a_rows.data_ptr(), tables.b_rows.data_ptr(), tables.a_rows.stride(0), tables.a_rows.stride(1),
         tables.ranks.data_ptr(), tables.scales.data_ptr(), tables.ranks.stride(0), tables.ranks.stride(1),
@@ -271,6 +276,8 @@ def _c_attention_eligible(
         and k_cache.stride() == v_cache.stride()
         and k_cache.stride(3) == 1
         and k_cache.stride(2) == head_dim
+        and head_dim % 8 == 0
+        and k_cache.shape[1] <= C_ATTENTION_MAX_BLOCK
         and block_tables.dtype == lens.dtype == torch.int32
         and block_tables.stride(1) == 1
         and lens.is_contiguous()
@@ -320,15 +327,24 @@ def _c_library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.lora_segments.restype = None
     lib.lora_segments.argtypes = [
-        ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr,
+        ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr,
         i64, i64, ptr, i64, i64,
     ]  # fmt: skip
     f32 = ctypes.c_float
     lib.paged_attention_decode.restype = None
     lib.paged_attention_decode.argtypes = [
-        ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, i64, i64,
+        ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, i64, i64, i64,
     ]  # fmt: skip
     return lib
+
+
+def _head_parts(batch: int, num_kv_heads: int, threads: int) -> int:
+    """How many parts to split each sequence's KV heads into for the C loop: whole sequences when the batch
+    alone gives every thread a couple of items, else the fewest parts (a divisor of the KV heads) that do."""
+    for parts in range(1, num_kv_heads + 1):
+        if num_kv_heads % parts == 0 and batch * parts >= 2 * threads:
+            return parts
+    return num_kv_heads
 
 
 def paged_attention_decode(
@@ -356,12 +372,14 @@ def paged_attention_decode(
         q = q.contiguous()
         out = torch.empty_like(q)
         threads = _c_threads()
-        per_thread = int(context_lens.max()) * (num_heads // num_kv_heads)
+        parts = _head_parts(batch, num_kv_heads, threads)
+        per_thread = int(context_lens.max()) * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)
         lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
             block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
-            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(), per_thread, threads,
+            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(), per_thread, parts,
+            threads,
         )  # fmt: skip
         return out
     max_len = int(context_lens.max())

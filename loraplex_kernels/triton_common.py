@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.configs import interpreting
-from kernels.interpreter_compat import patch_interpreter_index
+from loraplex_kernels.configs import interpreting
+from loraplex_kernels.interpreter_compat import patch_interpreter_index
 
 if interpreting():
     patch_interpreter_index()
