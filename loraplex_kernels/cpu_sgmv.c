@@ -214,19 +214,25 @@ struct attention_args {
     int64_t *next_item; /* shared counter: contexts differ in length, so threads claim items as they free up */
 };
 
+/* Two-vector lane shuffle with constant indices: clang and GCC >= 12 spell it __builtin_shufflevector, older
+ * GCC __builtin_shuffle with a mask vector. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
 typedef int32_t i8x8 __attribute__((vector_size(32)));
+#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (i8x8){__VA_ARGS__})
+#endif
 
 /* Lane i of the result is the sum of v[i]'s lanes: eight horizontal sums for the price of about one. */
 static inline f8 reduce8(const f8 v[8]) {
-    const i8x8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
-    const i8x8 low = {0, 1, 8, 9, 4, 5, 12, 13}, high = {2, 3, 10, 11, 6, 7, 14, 15};
-    const i8x8 front = {0, 1, 2, 3, 8, 9, 10, 11}, back = {4, 5, 6, 7, 12, 13, 14, 15};
     f8 p[4], r[2];
     for (int i = 0; i < 4; ++i)
-        p[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], even) + __builtin_shuffle(v[2 * i], v[2 * i + 1], odd);
+        p[i] = SHUFFLE(v[2 * i], v[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUFFLE(v[2 * i], v[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
     for (int i = 0; i < 2; ++i)
-        r[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], low) + __builtin_shuffle(p[2 * i], p[2 * i + 1], high);
-    return __builtin_shuffle(r[0], r[1], front) + __builtin_shuffle(r[0], r[1], back);
+        r[i] = SHUFFLE(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUFFLE(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUFFLE(r[0], r[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(r[0], r[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 /* out[t] = scale * (q . rows[t]) for 8 rows (d a multiple of 8): each chunk of q is loaded once for all. */

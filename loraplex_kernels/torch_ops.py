@@ -161,7 +161,8 @@ def add_lora(
     group: SliceGroup,
     segs: Segments,
 ) -> None:
-    """``y += scale * B(A x)`` for every slice of ``group``: one shrink matmul per segment, then the expands."""
+    """``y += scale * B(A x)`` for every slice of ``group``: one C call for the whole step where the loop
+    applies (fp32 on CPU), else one shrink matmul per segment, then the expands."""
     if segs.max_rank == 0:
         return
     step = _c_step(segs) if _c_eligible(y, x, arena, tables) else None
