@@ -5,8 +5,8 @@ each fused group's A rows, and each projection's B^T rows, adjacently), the matr
 of the arena; otherwise its rows are gathered. In fp32 every segment of a layer and fused group goes
 through one call of a small C loop (``cpu_sgmv.c``, compiled once per machine and loaded with ctypes)
 when a C compiler exists: at decode a torch op costs far more to dispatch than to compute, and at
-prefill the loop's blocked shrink and expand beat per-segment matmuls (0.5 s of the engine benchmark's
-prefill LoRA became 0.2 s). Otherwise, or with ``LORAPLEX_CPU_SGMV=0``, each segment takes one matmul
+prefill the loop's blocked shrink and expand beat per-segment matmuls (about 0.5 s of the engine benchmark's
+prefill LoRA became about 0.15 s). Otherwise, or with ``LORAPLEX_CPU_SGMV=0``, each segment takes one matmul
 per fused group for the shrink and one per slice for the expand.
 """
 
