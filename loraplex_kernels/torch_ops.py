@@ -365,16 +365,17 @@ def paged_attention_decode(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     if batch == 0:
         return torch.empty_like(q)
+    max_len = int(context_lens.max())
     lib = _c_library() if _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens) else None
     if lib is not None:
         # The C loop trusts its indices: check them here, where a bad table raises instead of crashing.
-        if int(context_lens.max()) > block_tables.shape[1] * block_size or int(block_tables.max()) >= k_cache.shape[0]:
+        if max_len > block_tables.shape[1] * block_size or int(block_tables.max()) >= k_cache.shape[0]:
             raise ValueError("context_lens or block_tables point outside the KV cache")
         q = q.contiguous()
         out = torch.empty_like(q)
         threads = _c_threads()
         parts = _head_parts(batch, num_kv_heads, threads)
-        per_thread = int(context_lens.max()) * num_heads // parts
+        per_thread = max_len * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)
         lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
@@ -383,7 +384,6 @@ def paged_attention_decode(
             threads,
         )  # fmt: skip
         return out
-    max_len = int(context_lens.max())
     num_blocks = -(-max_len // block_size)
     pages = block_tables[:, :num_blocks].long()
     keys = k_cache[pages].view(batch, num_blocks * block_size, num_kv_heads, head_dim)
