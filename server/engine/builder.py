@@ -12,6 +12,7 @@ import torch
 from core.errors import ConfigError
 from loraplex_kernels import KVGeometry, LoraTables, kv_cache_views
 from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
+from server.engine.host_memory import reuse_freed_host_memory
 from server.engine.model_runner import ModelRunner
 from server.engine.sampler import Sampler
 from server.engine.scheduler import Scheduler
@@ -88,6 +89,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)  # process-wide in torch
     device, dtype = resolve_device(config)
+    if device.type == "cpu":
+        reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
     model_config = ModelConfig.from_dir(config.model)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     window = model_config.sliding_window
