@@ -247,3 +247,13 @@ class SliceGroup:
             offsets.append(at)
             at += w
         return cls(tuple(projections), tuple(offsets), tuple(widths))
+
+
+@dataclass(frozen=True)
+class LoraDelta:
+    """One projection group's LoRA for one step: what ``add_lora`` needs besides ``x`` and ``y``."""
+
+    arena: torch.Tensor
+    tables: LayerLoraTables
+    group: SliceGroup
+    segs: Segments

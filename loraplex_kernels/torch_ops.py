@@ -3,7 +3,7 @@
 Adapter rows are read in place: when a matrix's rows are evenly spaced by their width (the pool packs
 each fused group's A rows, and each projection's B^T rows, adjacently), the matrix is a zero-copy view
 of the arena; otherwise its rows are gathered. In fp32 every segment of a layer and fused group goes
-through one call of a small C loop (``cpu_sgmv.c``, compiled once per machine and loaded with ctypes)
+through one call of a small C loop (``cpu_sgmv.c``, built once per machine by ``cpu_library``)
 when a C compiler exists: at decode a torch op costs far more to dispatch than to compute, and at
 prefill the loop's blocked shrink and expand beat per-segment matmuls (about 0.5 s of the engine benchmark's
 prefill LoRA became about 0.15 s). Otherwise, or with ``LORAPLEX_CPU_SGMV=0``, each segment takes one matmul
@@ -12,21 +12,14 @@ per fused group for the shrink and one per slice for the expand.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from loraplex_kernels.cpu_library import c_library, c_threads
 from loraplex_kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
 
 log = logging.getLogger(__name__)
@@ -34,14 +27,8 @@ log = logging.getLogger(__name__)
 # The C loop's work items: a (chunk of at most this many tokens of one segment, slice). Chunks let a long
 # prefill segment use every thread, and keep a chunk's rows of x and y in L1/L2 while the adapter rows pass.
 C_CHUNK_TOKENS = 64
-# The C attention loop's limits (cpu_sgmv.c: MAX_BLOCK, and whole 8-float vectors per head).
+# The C attention loop's limits (cpu_attention.c: MAX_BLOCK, and whole 8-float vectors per head).
 C_ATTENTION_MAX_BLOCK = 64
-# No -ffast-math: linking with it sets flush-to-zero for the whole process (crtfastmath), which changes
-# float behaviour for everything else loaded alongside (Hypothesis refuses to run, for one).
-C_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
-C_LIBS = ("-lm",)
-# Threads come from OpenMP (torch's own workers); a compiler without it builds a single-threaded loop.
-OPENMP_FLAGS = ("-fopenmp",)
 
 
 @dataclass
@@ -199,7 +186,7 @@ def _make_c_step(segs: Segments) -> _CStep | None:
     suitable = segs.slots.device.type == "cpu" and (
         index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu")
     )
-    lib = _c_library() if suitable else None
+    lib = c_library() if suitable else None
     if lib is None:
         return None
     chunks = [
@@ -209,7 +196,7 @@ def _make_c_step(segs: Segments) -> _CStep | None:
         for offset in range(0, length, C_CHUNK_TOKENS)
     ]
     starts, lengths, slots = (torch.tensor([chunk[i] for chunk in chunks], dtype=torch.int32) for i in range(3))
-    threads = _c_threads()
+    threads = c_threads()
     per_thread = min(C_CHUNK_TOKENS, max(segs.max_len, 1)) * max(segs.max_rank, 1)
     return _CStep(
         lib=lib,
@@ -285,60 +272,6 @@ def _c_attention_eligible(
     )
 
 
-def _c_threads() -> int:
-    """Threads for the C loops: torch's intra-op thread count, unless ``LORAPLEX_CPU_KERNEL_THREADS`` says
-    otherwise. The loops run on torch's own OpenMP workers (see ``cpu_sgmv.c``), so this many never
-    oversubscribes the cores torch was given."""
-    configured = os.environ.get("LORAPLEX_CPU_KERNEL_THREADS")
-    return max(1, int(configured) if configured else torch.get_num_threads())
-
-
-@functools.cache
-def _c_library() -> ctypes.CDLL | None:
-    """The compiled C loop, built on first use into a per-machine cache; None when it cannot be built."""
-    if os.environ.get("LORAPLEX_CPU_SGMV", "1") == "0":
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    source = Path(__file__).with_name("cpu_sgmv.c")
-    if compiler is None or not source.is_file():
-        return None
-    cpu = platform.machine() + platform.processor()
-    with contextlib.suppress(OSError, IndexError):
-        cpu += Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
-    flags = " ".join((*C_FLAGS, *OPENMP_FLAGS)).encode()
-    key = hashlib.sha256(source.read_bytes() + flags + cpu.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("LORAPLEX_KERNEL_CACHE", Path.home() / ".cache" / "loraplex" / "kernels"))
-    target = cache / f"cpu_sgmv-{key}.so"
-    try:
-        if not target.is_file():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                built = Path(tmp) / target.name
-                for extra in (OPENMP_FLAGS, ()):
-                    command = [compiler, *C_FLAGS, *extra, str(source), "-o", str(built), *C_LIBS]
-                    done = subprocess.run(command, capture_output=True)
-                    if done.returncode == 0:
-                        break
-                done.check_returncode()
-                os.replace(built, target)  # atomic: concurrent builders race harmlessly
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        log.warning("CPU SGMV loop unavailable (%s); using torch ops for every segment", exc)
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.lora_segments.restype = None
-    lib.lora_segments.argtypes = [
-        ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr,
-        i64, i64, ptr, i64, i64,
-    ]  # fmt: skip
-    f32 = ctypes.c_float
-    lib.paged_attention_decode.restype = None
-    lib.paged_attention_decode.argtypes = [
-        ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, ptr, ptr, i64, i64, i64,
-    ]  # fmt: skip
-    return lib
-
-
 def _head_parts(batch: int, num_kv_heads: int, threads: int) -> int:
     """How many parts to split each sequence's KV heads into for the C loop: whole sequences when the batch
     alone gives every thread a couple of items, else the fewest parts (a divisor of the KV heads) that do."""
@@ -366,14 +299,14 @@ def paged_attention_decode(
     if batch == 0:
         return torch.empty_like(q)
     max_len = int(context_lens.max())
-    lib = _c_library() if _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens) else None
+    lib = c_library() if _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens) else None
     if lib is not None:
         # The C loop trusts its indices: check them here, where a bad table raises instead of crashing.
         if max_len > block_tables.shape[1] * block_size or int(block_tables.max()) >= k_cache.shape[0]:
             raise ValueError("context_lens or block_tables point outside the KV cache")
         q = q.contiguous()
         out = torch.empty_like(q)
-        threads = _c_threads()
+        threads = c_threads()
         parts = _head_parts(batch, num_kv_heads, threads)
         per_thread = max_len * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)

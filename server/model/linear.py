@@ -1,8 +1,10 @@
-"""Dense projections in the fastest layout for their device.
+"""Dense projections in the fastest layout for their device, each adding its group's LoRA delta.
 
-On CPU in fp32 the weight is pre-packed once for oneDNN, whose kernels beat a plain matmul by
-15-25% at the small batch sizes of decode steps (measured on the benchmark's shapes); elsewhere it
-is kept transposed (``[in, out]``) for ``x @ w``.
+On CPU in fp32 the weight is packed once: into panels for our C GEMM (``loraplex_kernels.cpu_linear``) when
+that library is built with AVX-512, which is within 1% of oneDNN or faster at every row count the engine runs
+(``bench/linear_cpu.py``); otherwise for oneDNN, whose kernels beat a plain matmul by 15-25% at the small
+batch sizes of decode steps (measured on the benchmark's shapes). Elsewhere the weight is kept transposed
+(``[in, out]``) for ``x @ w``.
 
 oneDNN builds and keeps a kernel for every distinct number of input rows, about 1 MiB each (measured:
 1,024 row counts on one weight took 0.9 GiB, and evicting them from its cache does not return the memory).
@@ -15,6 +17,10 @@ from __future__ import annotations
 
 import torch
 
+import loraplex_kernels as kernels
+from loraplex_kernels import LoraDelta
+from loraplex_kernels.cpu_linear import PanelWeight, panel_gemm_suits, panel_linear
+
 # oneDNN picks its blocking from an expected batch size; decode batches are tens of tokens.
 PACK_BATCH_HINT = 64
 # Row buckets for packed matmuls: 8 to 64 in steps of 8 (decode batches, little padding), then 96 to 256 in
@@ -24,21 +30,29 @@ LARGE_ROW_STEP, MAX_PACKED_ROWS = 32, 256
 
 
 class Linear:
-    """``y = x @ W^T + b`` for 2-D ``x``; ``weight_t`` is ``W^T`` (``[in, out]``)."""
+    """``y = x @ W^T + b (+ LoRA delta)`` for 2-D ``x``; ``weight_t`` is ``W^T`` (``[in, out]``)."""
 
     def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.in_features, self.out_features = weight_t.shape
         self.bias = bias
-        self._packed = _pack_for_onednn(weight_t)
-        # The packed copy replaces the plain one: keeping both would double the model's memory.
-        self.weight_t = weight_t if self._packed is None else None
+        self._panels = PanelWeight.pack(weight_t, bias) if panel_gemm_suits(weight_t) else None
+        self._packed = _pack_for_onednn(weight_t) if self._panels is None else None
+        # A packed copy replaces the plain one: keeping both would double the model's memory.
+        self.weight_t = weight_t if self._panels is None and self._packed is None else None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is not None:
-            return self._packed_matmul(x, self.bias)
-        if self.bias is None:
-            return x @ self.weight_t
-        return torch.addmm(self.bias, x, self.weight_t)
+    def __call__(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+        """The projection of ``x``, plus ``lora``'s per-segment delta when given."""
+        if self._panels is not None:
+            y = panel_linear(x, self._panels)
+        elif self._packed is not None:
+            y = self._packed_matmul(x, self.bias)
+        elif self.bias is None:
+            y = x @ self.weight_t
+        else:
+            y = torch.addmm(self.bias, x, self.weight_t)
+        if lora is not None:
+            kernels.add_lora(y, x, lora.arena, lora.tables, lora.group, lora.segs)
+        return y
 
     def _packed_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.shape[0]
@@ -62,11 +76,15 @@ class Linear:
 
     def dense_weight_t(self) -> torch.Tensor:
         """``W^T`` as a plain tensor (for tests and merging), whatever the storage layout."""
+        if self._panels is not None:
+            return self._panels.dense_weight_t()
         if self.weight_t is not None:
             return self.weight_t
         return self._packed_matmul(torch.eye(self.in_features, dtype=torch.float32), None)
 
     def num_bytes(self) -> int:
+        if self._panels is not None:
+            return self._panels.num_bytes()
         tensors = [t for t in (self.weight_t, self.bias) if t is not None]
         packed = self.in_features * self.out_features * 4 if self._packed is not None else 0
         return packed + sum(t.numel() * t.element_size() for t in tensors)

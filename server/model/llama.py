@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import loraplex_kernels as kernels
-from loraplex_kernels import DOWN, GATE_UP, QKV, LayerLoraTables, LoraTables, Segments, SliceGroup
+from loraplex_kernels import DOWN, GATE_UP, QKV, LayerLoraTables, LoraDelta, LoraTables, Segments, SliceGroup
 from loraplex_kernels import O as O_PROJ
 from server.model.attention import AttentionMetadata, paged_attention, write_kv
 from server.model.config import ModelConfig
@@ -37,6 +36,10 @@ class LoraBinding:
             gate_up=SliceGroup.contiguous(GATE_UP, (config.intermediate_size, config.intermediate_size)),
             down=SliceGroup.contiguous(DOWN, (config.hidden_size,)),
         )
+
+    def delta(self, tables: LayerLoraTables, group: SliceGroup, segs: Segments) -> LoraDelta:
+        """One layer's LoRA for ``group`` in this step, for the projection that computes it."""
+        return LoraDelta(self.arena, tables, group, segs)
 
 
 class LlamaModel:
@@ -90,9 +93,7 @@ class LlamaModel:
         num_tokens = x.shape[0]
 
         h = F.rms_norm(x, (c.hidden_size,), w.input_norm, c.rms_norm_eps)
-        qkv = w.qkv(h)
-        if use_lora:
-            kernels.add_lora(qkv, h, lora.arena, tables, lora.qkv, segs)
+        qkv = w.qkv(h, lora.delta(tables, lora.qkv, segs) if use_lora else None)
         qk = qkv[:, : c.q_size + c.kv_size].view(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
         self.rope.apply_(qk, cos, sin)
         q = qk[:, : c.num_heads]
@@ -101,18 +102,9 @@ class LlamaModel:
         k_cache, v_cache = self.kv_caches[n]
         write_kv(k_cache, v_cache, k, v, meta)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale).reshape(num_tokens, c.q_size)
-
-        o = w.o(attn)
-        if use_lora:
-            kernels.add_lora(o, attn, lora.arena, tables, lora.o, segs)
-        x.add_(o)
+        x.add_(w.o(attn, lora.delta(tables, lora.o, segs) if use_lora else None))
 
         h = F.rms_norm(x, (c.hidden_size,), w.post_norm, c.rms_norm_eps)
-        gate_up = w.gate_up(h)
-        if use_lora:
-            kernels.add_lora(gate_up, h, lora.arena, tables, lora.gate_up, segs)
+        gate_up = w.gate_up(h, lora.delta(tables, lora.gate_up, segs) if use_lora else None)
         act = F.silu(gate_up[:, : c.intermediate_size]).mul_(gate_up[:, c.intermediate_size :])
-        down = w.down(act)
-        if use_lora:
-            kernels.add_lora(down, act, lora.arena, tables, lora.down, segs)
-        x.add_(down)
+        x.add_(w.down(act, lora.delta(tables, lora.down, segs) if use_lora else None))

@@ -42,9 +42,9 @@ RANKS = {0: (4, 0, 16), 1: (8, 8, 8), 2: (1, 3, 0)}
 @pytest.mark.parametrize("lengths", ["decode", "chunked", "prefill"])
 def test_add_lora_matches_reference(use_c, contiguous, permuted, lengths, monkeypatch):
     if not use_c:
-        monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+        monkeypatch.setattr(torch_ops, "c_library", lambda: None)
     else:
-        assert torch_ops._c_library() is not None, "the C loop should build here (a C compiler is installed)"
+        assert torch_ops.c_library() is not None, "the C loop should build here (a C compiler is installed)"
     arena, tables = build(RANKS, contiguous)
     # Segments of 1-3 tokens, of 5-15 (blocks of 4 with ragged tails) and of 23-69 (69 > C_CHUNK_TOKENS:
     # the C loop cuts it into two work items).
@@ -106,9 +106,9 @@ def test_a_batch_without_adapters_is_untouched():
 def test_paged_attention_decode_matches_reference(use_c, heads, kv_heads, head_dim, batch, monkeypatch):
     monkeypatch.setenv("LORAPLEX_CPU_KERNEL_THREADS", "2")
     if not use_c:
-        monkeypatch.setattr(torch_ops, "_c_library", lambda: None)
+        monkeypatch.setattr(torch_ops, "c_library", lambda: None)
     else:
-        assert torch_ops._c_library() is not None, "the C loop should build here (a C compiler is installed)"
+        assert torch_ops.c_library() is not None, "the C loop should build here (a C compiler is installed)"
     gen = torch.Generator().manual_seed(0)
     block_size, pages = 16, 40
     # One layer's views out of a two-layer arena: pages are strided, as in the real pool.
