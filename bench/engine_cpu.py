@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from bench.common import RANKS, load_peft, make_adapters
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine import SamplingParams
+from server.model.linear import Linear
 from server.offline import LLM
 
 OUTPUT_LENGTHS = (8, 16, 32, 64, 128, 256)
@@ -74,14 +75,20 @@ def make_workload(num_requests: int, num_adapters: int, seed: int) -> list[tuple
 
 
 def matmul_gflops(seconds: float = 1.5) -> float:
-    """The machine's fp32 matmul rate on a large GEMM of the model's shapes (GFLOP/s)."""
-    a, b = torch.randn(1024, 512), torch.randn(512, 1408)
-    a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * 1024 * 512 * 1408 * count / (time.perf_counter() - start) / 1e9
+    """The machine's fp32 matmul rate on a large GEMM of the model's shapes (GFLOP/s): the faster of torch's
+    plain matmul and the engine's own projection (panel GEMM or oneDNN-packed), so that the fraction (a)
+    reaches is of the best rate this machine shows, not of a slow one."""
+    a, w = torch.randn(1024, 512), torch.randn(512, 1408)
+    engine_linear = Linear(w)
+    best = 0.0
+    for matmul in (lambda: a @ w, lambda: engine_linear(a)):
+        matmul()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 2:
+            matmul()
+            count += 1
+        best = max(best, 2 * 1024 * 512 * 1408 * count / (time.perf_counter() - start) / 1e9)
+    return best
 
 
 def run_ours(model_dir: Path, workload, adapter_dirs: list[Path] | None, pool_bytes: int) -> Run:
@@ -181,7 +188,7 @@ def main() -> None:
         say(f"threads={torch.get_num_threads()} requests={len(workload)} adapters={args.adapters}")
         say(f"prompt tokens={prompt_tokens} output tokens={wanted} load average={os.getloadavg()[0]:.2f}")
         peak = matmul_gflops()
-        say(f"matmul rate (1024x512x1408 fp32): {peak:.1f} GFLOP/s")
+        say(f"matmul rate (1024x512x1408 fp32, best of torch and the engine's projection): {peak:.1f} GFLOP/s")
 
         merged = merge_one(model_dir, adapter_dirs[0], work / "merged")
         peft_model = None if args.skip_peft else load_peft(model_dir, adapter_dirs)
