@@ -36,12 +36,6 @@ static inline float hsum16(f16 v) {
     return hsum(lo + hi);
 }
 
-/* Adapter rows come from DRAM once per decode step, in blocks of 2-64 KiB scattered over the pool, too short
- * for the hardware prefetcher to ramp up on its own. The loops prefetch (into L2) this far ahead of their
- * reads. */
-#define PREFETCH_AHEAD 1024 /* floats (4 KiB) */
-#define prefetch_l2(p) __builtin_prefetch((p), 0, 1)
-
 /* Runs work(args, tid, nthreads) on nthreads threads and waits for all. The threads are OpenMP's: built
  * with -fopenmp this library binds to the libgomp torch already loaded (same soname), so its workers
  * are torch's intra-op workers, still spinning from the op before ours, and take the work at once.

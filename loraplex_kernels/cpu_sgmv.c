@@ -12,6 +12,12 @@
  */
 #include "cpu_common.h"
 
+/* Adapter rows come from DRAM once per decode step, in blocks of 2-64 KiB scattered over the pool, too short
+ * for the hardware prefetcher to ramp up on its own. The loops prefetch (into L2) this far ahead of their
+ * reads. */
+#define PREFETCH_AHEAD 1024 /* floats (4 KiB) */
+#define prefetch_l2(p) __builtin_prefetch((p), 0, 1)
+
 /* out[t] = a . xs[t] for M (1..4) vectors: each chunk of the adapter row is loaded once for all of them,
  * and two accumulators per vector keep the FMA units busy when M is small. */
 #define TOKEN_BLOCK 4

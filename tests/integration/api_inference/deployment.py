@@ -131,6 +131,13 @@ class Deployment:
     def wait_until(self, probe: Callable[[], T | None], what: str, *, timeout: float = 120.0) -> T:
         return wait_until(probe, what, timeout=timeout, logs=self.processes)
 
+    def kill_replica(self, replica_id: str) -> None:
+        """SIGKILL one replica, as a crash would. Its process leaves ``processes``: later waits must not take
+        this intended death for a crash (they fail at once when a watched process has exited)."""
+        process = self.replicas[replica_id].process
+        process.kill()
+        self.processes.remove(process)
+
     def stop(self) -> None:
         for process in self.processes:
             process.stop()

@@ -63,7 +63,7 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
         pair.wait_until(lambda: running(pair.replicas[home], pair.settings) >= 1, f"a request to run on {home}")
         stream = client.completions.create(model=model, prompt="Tell a story", stream=True, **LONG)  # type: ignore[call-overload]
         assert next(chunk for chunk in stream if chunk.choices and chunk.choices[0].text)
-        pair.replicas[home].process.kill()
+        pair.kill_replica(home)
 
         with pytest.raises(openai.APIError) as broken:
             for _ in stream:
