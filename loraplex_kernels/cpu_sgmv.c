@@ -70,7 +70,7 @@ static inline __attribute__((always_inline)) void expand_m(float *const *ys, con
             acc += c[t][1] * b1;
             acc += c[t][2] * b2;
             acc += c[t][3] * b3;
-            __builtin_memcpy(ys[t] + j, &acc, sizeof acc);
+            store16(ys[t] + j, acc);
         }
     }
     for (; j < n; ++j)

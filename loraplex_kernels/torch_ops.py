@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from loraplex_kernels.cpu_library import c_library, c_threads
 from loraplex_kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, SliceGroup
-
-log = logging.getLogger(__name__)
 
 # The C loop's work items: a (chunk of at most this many tokens of one segment, slice). Chunks let a long
 # prefill segment use every thread, and keep a chunk's rows of x and y in L1/L2 while the adapter rows pass.
