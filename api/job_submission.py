@@ -5,7 +5,8 @@ becomes ``queued`` and is published to Redis. If publishing fails (Redis down) t
 are deleted and the client gets 503 with ``retry-after``: a retry creates the job afresh, so nothing is
 left half-created and nothing runs twice. Should this process die between insert and publish, the row
 stays ``validating_files`` or ``queued`` without a message: workers fail the first and publish the second
-again (``worker.requeue``).
+again (``worker.requeue``). A job ended by someone else while its files were checked (cancelled, or failed
+as an interrupted submission) stays ended: the client gets 409 and the row is kept.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from sqlmodel import Session, delete
 from api.context import ApiContext
 from api.ownership import plausible_id
 from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
-from core.errors import InvalidRequest, ObjectNotFound
+from core.errors import InvalidRequest, NotFound, ObjectNotFound
 from core.hyperparameters import ResolvedHyperparameters
 from core.ids import new_id
-from core.jobs import mark_queued, record_event
-from core.models import File, FineTuneJob, JobEvent, JobStatus, Tenant
+from core.job_states import IllegalTransition, mark_queued
+from core.jobs import lock_job, record_event
+from core.models import File, FineTuneJob, JobEvent, Tenant
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,18 @@ def _discard(ctx: ApiContext, job_id: str) -> None:
         log.exception("could not remove job %s after a failed submission", job_id)
 
 
+def queue_validated(session: Session, job_id: str, examples: dict[str, int | None]) -> FineTuneJob:
+    """Move a job whose files were confirmed from ``validating_files`` to ``queued``; ``IllegalTransition``
+    when it was ended meanwhile."""
+    job = lock_job(session, job_id)
+    if job is None:
+        raise NotFound(f"no fine-tuning job {job_id!r}", param="fine_tuning_job_id")
+    mark_queued(job)
+    session.add(job)
+    record_event(session, job, "Files validated, moving job to queued state", data={"examples": examples})
+    return job
+
+
 def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
     check_base_model(body.model, ctx.base_model.name)
@@ -100,13 +114,13 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
         files = [(_fine_tune_file(session, tenant, body.training_file, "training_file"), "training_file")]
         if body.validation_file is not None:
             files.append((_fine_tune_file(session, tenant, body.validation_file, "validation_file"), "validation_file"))
+        # Created validating_files (the column's default): nothing runs it until queue_validated.
         job = FineTuneJob(
             id=new_id("ftjob"),
             tenant_id=tenant.id,
             base_model=body.model,
             training_file=body.training_file,
             validation_file=body.validation_file,
-            status=JobStatus.VALIDATING_FILES,
             hyperparameters=hyperparameters.model_dump(),
             suffix=body.suffix,
             seed=body.seed if body.seed is not None else secrets.randbelow(MAX_SEED + 1),
@@ -116,11 +130,10 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     try:
         _confirm_stored(ctx, files)
         with ctx.session() as session:
-            mark_queued(job)
-            session.add(job)
-            examples = {param: file.num_examples for file, param in files}
-            record_event(session, job, "Files validated, moving job to queued state", data={"examples": examples})
+            job = queue_validated(session, job.id, {param: file.num_examples for file, param in files})
         ctx.jobs.submit(job)
+    except IllegalTransition:
+        raise  # someone else ended it; their record of why stays
     except BaseException:
         _discard(ctx, job.id)
         raise

@@ -2,23 +2,20 @@
 
 A job row is committed in ``queued`` before its message is sent: a worker that receives the message
 must find the row. Cancelling a queued job ends it at once; a running one is flagged and its worker
-stops after the current step.
+stops after the current step. Status changes themselves belong to ``core.job_states``.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery import Celery
 from sqlmodel import Session, select
 
-from core.errors import Conflict, NotFound
-from core.ids import now
-from core.models import FineTuneJob, JobEvent, JobStatus
+from core.errors import NotFound
+from core.job_states import JobStatus, check_move, mark_ended
+from core.models import FineTuneJob, JobEvent
 from core.queue import TRAIN_TASK, train_queue
-
-CANCELLABLE = frozenset({JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING})
 
 
 def adapter_id_for_job(job_id: str) -> str:
@@ -35,15 +32,6 @@ def job_id_for_adapter(adapter_id: str) -> str:
 def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
     """``ft:{base}:{tenant}:{suffix}:{job}``, the name clients pass as ``model``."""
     return f"ft:{base_model}:{tenant_name}:{suffix or ''}:{job_id}"
-
-
-def mark_queued(job: FineTuneJob, *, delay: float = 0.0) -> None:
-    """Move ``job`` to ``queued`` and note when its message is due, so a lost message can be noticed
-    (``worker.requeue``). Send the message with :func:`enqueue_job` once the row is written."""
-    job.status = JobStatus.QUEUED
-    job.worker_id = None
-    job.heartbeat_at = None
-    job.queued_at = time.time() + delay
 
 
 def enqueue_job(celery: Celery, job: FineTuneJob, *, countdown: float | None = None) -> None:
@@ -76,29 +64,40 @@ def lock_job(session: Session, job_id: str) -> FineTuneJob | None:
     ).first()
 
 
+def end_job(
+    session: Session,
+    job: FineTuneJob,
+    status: str,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+) -> None:
+    """End ``job`` ``cancelled`` or ``failed`` with an event saying why (for ``failed``, also the error a
+    user reads). Raises ``IllegalTransition`` when the job already finished."""
+    mark_ended(job, status, error=message, code=code, param=param)
+    session.add(job)
+    record_event(session, job, message, level="error" if status == JobStatus.FAILED else "info")
+
+
 def request_cancel(session: Session, job: FineTuneJob) -> FineTuneJob:
     """Cancel a job: a queued one ends ``cancelled`` now, a running one stops after its current step.
 
-    Cancelling an already cancelled job returns it unchanged; a succeeded or failed one is a ``Conflict``.
+    Cancelling an already cancelled job returns it unchanged; a succeeded or failed one raises
+    ``IllegalTransition`` (a ``Conflict``) and is left as it was.
     """
     locked = lock_job(session, job.id)
     if locked is None:
         raise NotFound(f"no fine-tuning job {job.id!r}", param="fine_tuning_job_id")
     if locked.status == JobStatus.CANCELLED:
         return locked
-    if locked.status not in CANCELLABLE:
-        raise Conflict(
-            f"job {locked.id} already {locked.status}; only queued or running jobs can be cancelled",
-            code="job_not_cancellable",
-        )
+    check_move(locked, JobStatus.CANCELLED)
     if not locked.cancel_requested:
         locked.cancel_requested = True
         if locked.status == JobStatus.RUNNING:
             record_event(session, locked, "Cancellation requested; the job stops after its current step")
     if locked.status != JobStatus.RUNNING:
-        locked.status = JobStatus.CANCELLED
-        locked.finished_at = now()
-        record_event(session, locked, "Job cancelled before it started")
+        end_job(session, locked, JobStatus.CANCELLED, "Job cancelled before it started")
     session.add(locked)
     session.flush()
     return locked

@@ -10,19 +10,7 @@ from sqlmodel import Field, SQLModel
 
 from core.descriptor import AdapterDescriptor
 from core.ids import now
-
-
-class JobStatus:
-    """The OpenAI fine-tuning job states, in lifecycle order."""
-
-    VALIDATING_FILES = "validating_files"
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+from core.job_states import JobStatus  # the states and their moves live there; re-exported here
 
 
 class Tenant(SQLModel, table=True):

@@ -1,5 +1,6 @@
-"""Job state transitions. Each is one short transaction on the locked job row, so two workers (or a worker
-and the reaper, or the API cancelling) never both move the same job.
+"""A worker's moves of a job (claim, finish, retry, heartbeat). Each is one short transaction on the locked
+job row, so two workers (or a worker and the reaper, or the API cancelling) never both move the same job;
+``core.job_states`` decides which moves are allowed.
 
 A running job belongs to one attempt, its *lease*: (worker id, attempt number). Every transition made
 on behalf of an attempt first checks the lease is still held, so an attempt that was given up on (its
@@ -18,9 +19,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from core.db import session_scope
-from core.ids import now
-from core.jobs import adapter_id_for_job, enqueue_job, fine_tuned_model_name, lock_job, mark_queued, record_event
-from core.models import Adapter, FineTuneJob, JobStatus, Tenant, UsageRecord
+from core.job_states import JobStatus, mark_ended, mark_queued, mark_running, sources
+from core.jobs import adapter_id_for_job, end_job, enqueue_job, fine_tuned_model_name, lock_job, record_event
+from core.models import Adapter, FineTuneJob, Tenant, UsageRecord
 from worker.upload import UploadedAdapter
 
 MAX_ATTEMPTS_CODE = "max_attempts_exceeded"
@@ -87,23 +88,18 @@ class Claim:
     adapter: Adapter | None = None
 
 
-def end_job(
-    session: Session,
-    job: FineTuneJob,
-    status: str,
-    message: str,
-    *,
-    code: str | None = None,
-    param: str | None = None,
-) -> None:
-    """Move ``job`` to a terminal ``status`` with an event (and the error a user reads, when failed)."""
-    job.status = status
-    job.finished_at = now()
-    job.heartbeat_at = None
-    if status == JobStatus.FAILED:
-        job.error_code, job.error_message, job.error_param = code or "training_error", message, param
-    session.add(job)
-    record_event(session, job, message, level="error" if status == JobStatus.FAILED else "info")
+def fail_out_of_attempts(session: Session, job: FineTuneJob) -> None:
+    """End ``job`` failed because its workers kept dying: the one wording, whoever notices it."""
+    last = f"; the last was {job.worker_id}" if job.worker_id else ""
+    end_job(
+        session,
+        job,
+        JobStatus.FAILED,
+        f"the worker running the job stopped during each of its {job.attempts} attempts (killed, out of memory, "
+        f"or lost{last}); it will not be retried. Try a smaller batch_size or max_seq_len, or ask the operator "
+        "to check the training workers",
+        code=MAX_ATTEMPTS_CODE,
+    )
 
 
 def record_worker_lost(session: Session, job: FineTuneJob) -> None:
@@ -114,6 +110,7 @@ def record_worker_lost(session: Session, job: FineTuneJob) -> None:
 
 
 def _succeed(session: Session, job: FineTuneJob, uploaded: UploadedAdapter, compute_seconds: float) -> Adapter:
+    mark_ended(job, JobStatus.SUCCEEDED)
     tenant = session.get(Tenant, job.tenant_id)
     assert tenant is not None  # jobs reference tenants by foreign key
     name = fine_tuned_model_name(job.base_model, tenant.name, job.suffix, job.id)
@@ -134,14 +131,10 @@ def _succeed(session: Session, job: FineTuneJob, uploaded: UploadedAdapter, comp
         size_bytes=uploaded.size_bytes,
     )
     session.add(adapter)
-    job.status = JobStatus.SUCCEEDED
     job.fine_tuned_model = name
     job.adapter_id = adapter.id
     job.trained_tokens = int(manifest["trained_tokens"])
     job.compute_seconds = compute_seconds
-    job.finished_at = now()
-    job.heartbeat_at = None
-    job.error_code = job.error_message = job.error_param = None
     session.add(job)
     session.add(
         UsageRecord(
@@ -177,16 +170,15 @@ def claim_job(
     """
     with session_scope(engine) as session:
         job = lock_job(session, job_id)
-        if job is None or job.status in JobStatus.TERMINAL:
+        # Finished, or still validating_files (the API sends it again once queued).
+        if job is None or job.status not in sources(JobStatus.RUNNING):
             return Claim("skipped", job)
         if job.status == JobStatus.RUNNING and lease_is_live(job, stale_after):
             return Claim("skipped", job)  # a duplicate delivery: its owner is alive
-        if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
-            return Claim("skipped", job)  # still validating_files: the API sends it again once queued
         recorded = session.get(Adapter, adapter_id_for_job(job.id))
         if recorded is not None:
-            job.status, job.finished_at, job.adapter_id = JobStatus.SUCCEEDED, now(), recorded.id
-            job.fine_tuned_model = recorded.name
+            mark_ended(job, JobStatus.SUCCEEDED)
+            job.adapter_id, job.fine_tuned_model = recorded.id, recorded.name
             session.add(job)
             return Claim("finalized", job, adapter=recorded)
         if job.cancel_requested:
@@ -196,24 +188,12 @@ def claim_job(
             adapter = _succeed(session, job, uploaded, float(uploaded.manifest.get("seconds") or 0.0))
             return Claim("finalized", job, adapter=adapter)
         if job.attempts >= job.max_attempts:
-            end_job(
-                session,
-                job,
-                JobStatus.FAILED,
-                f"the job was started {job.attempts} times and its worker stopped every time (killed, out of "
-                "memory, or lost); it will not be retried. Try a smaller batch_size or max_seq_len, or ask the "
-                "operator to check the training workers",
-                code=MAX_ATTEMPTS_CODE,
-            )
+            fail_out_of_attempts(session, job)
             return Claim("failed", job)
         if job.status == JobStatus.RUNNING:
             # Its worker died and a copy of its message got here before the reaper did: say so, as it would.
             record_worker_lost(session, job)
-        job.attempts += 1
-        job.status = JobStatus.RUNNING
-        job.worker_id = worker_id
-        job.heartbeat_at = time.time()
-        job.started_at = job.started_at or now()
+        mark_running(job, worker_id)
         session.add(job)
         suffix = f" (attempt {job.attempts} of {job.max_attempts})" if job.attempts > 1 else ""
         record_event(session, job, "Fine-tuning job started" + suffix)

@@ -21,10 +21,11 @@ from sqlmodel import select
 
 from core.db import session_scope
 from core.descriptor import adapter_prefix
-from core.jobs import adapter_id_for_job, enqueue_job, lock_job, mark_queued
-from core.models import FineTuneJob, JobStatus
+from core.job_states import JobStatus, mark_queued
+from core.jobs import adapter_id_for_job, end_job, enqueue_job, lock_job
+from core.models import FineTuneJob
 from core.storage import ObjectStore
-from worker.lifecycle import MAX_ATTEMPTS_CODE, end_job, lease_is_live, record_worker_lost
+from worker.lifecycle import fail_out_of_attempts, lease_is_live, record_worker_lost
 from worker.upload import remove_adapter_objects
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,7 @@ def _reap_one(engine: Engine, celery: Celery, job_id: str, stale_after: float, a
             end_job(session, job, JobStatus.CANCELLED, f"Job cancelled; its worker {lost} had stopped")
             return Reaped(job.id, "cancelled", job.worker_id)
         if job.attempts >= job.max_attempts:
-            end_job(
-                session,
-                job,
-                JobStatus.FAILED,
-                f"the worker running the job stopped during each of its {job.attempts} attempts (last: {lost}); "
-                "it will not be retried. Try a smaller batch_size or max_seq_len, or ask the operator to check "
-                "the training workers",
-                code=MAX_ATTEMPTS_CODE,
-            )
+            fail_out_of_attempts(session, job)
             return Reaped(job.id, "failed", job.worker_id)
         worker_id = job.worker_id
         record_worker_lost(session, job)

@@ -22,10 +22,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from core.db import read_session, session_scope
-from core.jobs import enqueue_job, lock_job, mark_queued, record_event
-from core.models import FineTuneJob, JobStatus
+from core.job_states import JobStatus, mark_queued
+from core.jobs import end_job, enqueue_job, lock_job, record_event
+from core.models import FineTuneJob
 from core.queue import in_flight_job_ids, train_queue, waiting_job_ids
-from worker.lifecycle import end_job
 
 log = logging.getLogger(__name__)
 

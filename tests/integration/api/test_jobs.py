@@ -8,7 +8,11 @@ import openai
 import pytest
 from sqlmodel import select
 
+from api.job_submission import queue_validated
 from core.db import make_engine, session_scope
+from core.hyperparameters import Hyperparameters
+from core.ids import new_id
+from core.job_states import IllegalTransition
 from core.models import FineTuneJob, JobStatus
 from core.settings import Settings
 from tests.integration.api.conftest import TenantHandle
@@ -117,6 +121,38 @@ def test_cancel_ends_a_queued_job_and_a_finished_job_is_a_conflict(
     with pytest.raises(openai.ConflictError) as caught:
         client.fine_tuning.jobs.cancel(other.id)
     assert caught.value.response.headers["x-should-retry"] == "false"
+    assert caught.value.code == "job_not_cancellable" and "already failed" in caught.value.message
+    assert client.fine_tuning.jobs.retrieve(other.id).status == "failed"  # the refused cancel changed nothing
+    assert "cancel" not in client.fine_tuning.jobs.list_events(other.id, limit=1).data[0].message.lower()
+
+
+def test_a_job_cancelled_while_its_files_are_checked_is_not_queued_after_all(
+    tenant: TenantHandle, training_file: str, api_settings: Settings
+) -> None:
+    # A submission between creating the row and queueing it, as the API leaves it while it checks the files.
+    engine = make_engine(api_settings.db_url)
+    job_id = new_id("ftjob")
+    hyperparameters = Hyperparameters().resolve(max_lora_rank=api_settings.max_lora_rank).model_dump()
+    with session_scope(engine) as session:
+        session.add(
+            FineTuneJob(
+                id=job_id,
+                tenant_id=tenant.id,
+                base_model=api_settings.model_name or "",
+                training_file=training_file,
+                hyperparameters=hyperparameters,
+            )
+        )
+    client = tenant.openai()
+    assert client.fine_tuning.jobs.retrieve(job_id).status == "validating_files"
+    client.fine_tuning.jobs.cancel(job_id)
+
+    with pytest.raises(IllegalTransition, match="already cancelled"), session_scope(engine) as session:
+        queue_validated(session, job_id, {"training_file": 3})
+    engine.dispose()
+
+    assert client.fine_tuning.jobs.retrieve(job_id).status == "cancelled"
+    assert client.fine_tuning.jobs.list_events(job_id, limit=1).data[0].message == "Job cancelled before it started"
 
 
 def test_a_file_in_use_by_an_unfinished_job_cannot_be_deleted(

@@ -13,7 +13,7 @@ import pytest
 import redis
 from sqlmodel import select
 
-from core.descriptor import adapter_prefix
+from core.descriptor import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_prefix
 from core.errors import Conflict
 from core.hyperparameters import Hyperparameters
 from core.jobs import adapter_id_for_job, request_cancel
@@ -22,12 +22,12 @@ from core.queue import train_queue
 from tests.integration.conftest import Platform
 from tests.integration.training.jobs import adapter_objects, jsonl, memorable_rows, submit_job
 from trainer.train import TrainingRequest, train_adapter
-from worker.lifecycle import claim_job
+from worker.lifecycle import Lease, claim_job, finish_ended, finish_succeeded, retry_or_fail
 from worker.reaper import reap_stale_jobs
-from worker.requeue import requeue_lost_jobs
+from worker.requeue import fail_interrupted_submissions, requeue_lost_jobs
 from worker.run_job import run_train_job
 from worker.runtime import WorkerOptions, WorkerRuntime
-from worker.upload import upload_adapter
+from worker.upload import UploadedAdapter, upload_adapter
 
 STALE_AFTER = 30.0
 
@@ -46,6 +46,11 @@ def set_job(platform: Platform, job_id: str, **fields: object) -> FineTuneJob:
             setattr(job, name, value)
         session.add(job)
     return platform.job(job_id)
+
+
+def snapshot(platform: Platform, job_id: str) -> tuple[dict, int]:
+    """The job row and how many events it has: what a refused move must leave as it was."""
+    return platform.job(job_id).model_dump(), len(platform.events(job_id))
 
 
 def queued_messages(platform: Platform) -> int:
@@ -80,11 +85,16 @@ def test_cancelling_a_queued_job_ends_it_and_its_delivery_does_nothing(
         assert request_cancel(session, job).status == JobStatus.CANCELLED  # again: unchanged, no error
 
 
-def test_a_finished_job_cannot_be_cancelled(platform: Platform) -> None:
+@pytest.mark.parametrize("status", [JobStatus.SUCCEEDED, JobStatus.FAILED])
+def test_a_finished_job_cannot_be_cancelled(platform: Platform, status: str) -> None:
     job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
-    job = set_job(platform, job.id, status=JobStatus.SUCCEEDED)
-    with pytest.raises(Conflict, match="already succeeded"), platform.session() as session:
+    job = set_job(platform, job.id, status=status, finished_at=123)
+    before = snapshot(platform, job.id)
+
+    with pytest.raises(Conflict, match=f"already {status}"), platform.session() as session:
         request_cancel(session, job)
+
+    assert snapshot(platform, job.id) == before
 
 
 def test_a_running_job_is_only_flagged_for_its_worker(platform: Platform) -> None:
@@ -217,3 +227,101 @@ def test_a_message_a_worker_just_took_is_not_sent_again_until_it_is_stale(platfo
         assert requeued == [job.id]
         assert queued_messages(platform) == 1
         delivery.ack()
+
+
+@pytest.mark.parametrize("status", [JobStatus.VALIDATING_FILES, JobStatus.CANCELLED, JobStatus.SUCCEEDED])
+def test_a_worker_starts_only_a_queued_job(platform: Platform, status: str) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, job.id, status=status)
+    before = snapshot(platform, job.id)
+
+    claim = claim_job(platform.engine, job.id, "here:1", stale_after=STALE_AFTER)
+
+    assert (claim.outcome, claim.lease) == ("skipped", None)
+    assert snapshot(platform, job.id) == before
+
+
+def stored_adapter(job: FineTuneJob) -> UploadedAdapter:
+    """What an attempt that finished uploading hands to ``finish_succeeded``."""
+    files = {name: {"sha256": "0" * 64, "bytes": 10} for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)}
+    manifest = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj"], "trained_tokens": 99, "files": files}
+    return UploadedAdapter(adapter_prefix(job.tenant_id, adapter_id_for_job(job.id)), manifest)
+
+
+def test_an_attempt_whose_job_was_cancelled_cannot_end_it_otherwise(platform: Platform) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    stale = time.time() - STALE_AFTER - 1
+    set_job(
+        platform,
+        job.id,
+        status=JobStatus.RUNNING,
+        attempts=1,
+        worker_id="slowhost:7",
+        heartbeat_at=stale,
+        cancel_requested=True,
+    )
+    # The worker was only slow, but the reaper took it for dead and ended the job as the client asked.
+    [reaped] = reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER)
+    assert reaped.outcome == "cancelled"
+    before, messages = snapshot(platform, job.id), queued_messages(platform)
+    lease = Lease(job.id, "slowhost:7", 1)
+
+    assert finish_succeeded(platform.engine, lease, stored_adapter(job)) == ("lost", None)
+    assert not finish_ended(platform.engine, lease, JobStatus.FAILED, "out of memory", code="training_error")
+    assert retry_or_fail(platform.engine, lease, platform.celery, "store down", code="storage_error", delay=1) == "lost"
+
+    assert snapshot(platform, job.id) == before and before[0]["status"] == JobStatus.CANCELLED
+    assert queued_messages(platform) == messages
+    with platform.session() as session:
+        assert session.exec(select(Adapter).where(Adapter.job_id == job.id)).all() == []
+
+
+@pytest.mark.parametrize("status", sorted(JobStatus.TERMINAL))
+def test_the_reaper_leaves_finished_jobs_alone(platform: Platform, status: str) -> None:
+    stale = time.time() - STALE_AFTER - 1
+    silent = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, silent.id, status=JobStatus.RUNNING, attempts=1, worker_id="otherhost:7", heartbeat_at=stale)
+    finished = submit_job(platform, "acme", jsonl(memorable_rows(1)), enqueue=False)
+    # A finished row that still shows an old worker and heartbeat: nothing may bring it back.
+    set_job(platform, finished.id, status=status, attempts=1, worker_id="otherhost:8", heartbeat_at=stale)
+    before = snapshot(platform, finished.id)
+
+    reaped = reap_stale_jobs(platform.engine, platform.celery, stale_after=STALE_AFTER)
+
+    assert [(r.job_id, r.outcome) for r in reaped] == [(silent.id, "requeued")]
+    assert snapshot(platform, finished.id) == before
+
+
+@pytest.mark.parametrize("status", [JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.CANCELLED])
+def test_only_queued_jobs_are_sent_again(platform: Platform, status: str) -> None:
+    long_ago = time.time() - STALE_AFTER - 1
+    lost = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, lost.id, queued_at=long_ago)
+    other = submit_job(platform, "acme", jsonl(memorable_rows(1)), enqueue=False)
+    set_job(platform, other.id, status=status, queued_at=long_ago, heartbeat_at=time.time())
+    before = snapshot(platform, other.id)
+
+    requeued = requeue_lost_jobs(platform.engine, platform.celery, lost.base_model, stale_after=STALE_AFTER)
+
+    assert requeued == [lost.id]
+    assert snapshot(platform, other.id) == before
+    assert queued_messages(platform) == 1
+
+
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.CANCELLED])
+def test_only_jobs_still_validating_fail_as_interrupted_submissions(platform: Platform, status: str) -> None:
+    stuck = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, stuck.id, status=JobStatus.VALIDATING_FILES)
+    other = submit_job(platform, "acme", jsonl(memorable_rows(1)), enqueue=False)
+    set_job(platform, other.id, status=status)
+    before = snapshot(platform, other.id)
+    later = time.time() + 10 * STALE_AFTER
+
+    failed = fail_interrupted_submissions(platform.engine, stuck.base_model, stale_after=STALE_AFTER, at=later)
+
+    assert failed == [stuck.id]
+    assert (platform.job(stuck.id).status, platform.job(stuck.id).error_code) == (
+        JobStatus.FAILED,
+        "submission_interrupted",
+    )
+    assert snapshot(platform, other.id) == before
