@@ -15,7 +15,6 @@ from core.adapter_format import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     PICKLE_SUFFIXES,
-    PROJECTIONS,
     AdapterFileError,
     AdapterSpec,
 )
@@ -24,6 +23,7 @@ from core.errors import InvalidRequest
 from core.ids import now
 from core.jobs import fine_tuned_model_name
 from core.models import Adapter, Tenant
+from core.projections import PROJECTIONS
 from core.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)

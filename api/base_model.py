@@ -9,6 +9,7 @@ from typing import Any
 
 from core.adapter_format import BaseShapes
 from core.errors import ConfigError
+from core.model_sizes import ModelSizes
 from core.settings import Settings
 
 
@@ -40,7 +41,7 @@ def load_base_model(settings: Settings) -> BaseModelInfo:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {config_path} (LORAPLEX_BASE_MODEL): {exc}") from exc
     try:
-        shapes = BaseShapes.from_hf_config(config)
+        shapes = ModelSizes.from_hf_config(config).base_shapes()
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{config_path} (LORAPLEX_BASE_MODEL) is not a Llama-family config: {exc!r}") from exc
     return BaseModelInfo(

@@ -36,8 +36,9 @@ import torch
 from openai import OpenAI
 from safetensors.torch import save_file
 
-from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PROJECTIONS, BaseShapes, module_name
+from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, BaseShapes, module_name
 from core.descriptor import AdapterDescriptor
+from core.projections import PROJECTIONS
 from core.protocol import ADAPTER_FIELD
 from core.storage import LocalObjectStore, ObjectStore, S3ObjectStore, sha256_file
 from core.tiny_model import TinyModelSpec, make_tiny_model

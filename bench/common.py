@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from core.projections import PROJECTIONS
+
 RANKS = (8, 16, 32)
 
 
@@ -26,7 +27,7 @@ def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path
         torch.manual_seed(100 + i)
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         rank = RANKS[i % len(RANKS)]
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(PROJECTIONS), init_lora_weights=False)
         model = get_peft_model(base, config)
         with torch.no_grad():
             for name, param in model.named_parameters():

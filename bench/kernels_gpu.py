@@ -22,10 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.projections import DOWN, GATE_UP, NUM_PROJECTIONS, QKV
 from loraplex_kernels.layout import (
-    DOWN,
-    GATE_UP,
-    QKV,
     ROW_ALIGN,
     KVGeometry,
     LoraTables,
@@ -82,11 +80,11 @@ class LoraShape:
 def group_geometry(group: str, dims: ModelDims) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
     """Projection indices, input width and output widths of a fused group."""
     if group == "qkv":
-        return QKV, dims.hidden, (dims.hidden, dims.kv_dim, dims.kv_dim)
+        return QKV.indices, dims.hidden, (dims.hidden, dims.kv_dim, dims.kv_dim)
     if group == "gate_up":
-        return GATE_UP, dims.hidden, (dims.intermediate, dims.intermediate)
+        return GATE_UP.indices, dims.hidden, (dims.intermediate, dims.intermediate)
     if group == "down":
-        return DOWN, dims.intermediate, (dims.hidden,)
+        return DOWN.indices, dims.intermediate, (dims.hidden,)
     raise ValueError(f"unknown projection group {group!r}")
 
 
@@ -181,7 +179,7 @@ def build_lora(shape: LoraShape, dims: ModelDims, dtype: torch.dtype, device: st
     num_pages = max(off // geom.page_elems for off in offsets) + 1
     arena = torch.zeros(num_pages * geom.page_elems, dtype=dtype, device=device)
     # Tables are filled on the host (one scalar write per row) and moved once.
-    tables = LoraTables.empty(shape.adapters, 1, max_rank, row_align=ROW_ALIGN)
+    tables = LoraTables.empty(shape.adapters, 1, max_rank, row_align=ROW_ALIGN, num_projections=NUM_PROJECTIONS)
     a_stacked = [torch.zeros(shape.adapters, max_rank, in_features, dtype=dtype, device=device) for _ in widths]
     b_stacked = [torch.zeros(shape.adapters, max_rank, w, dtype=dtype, device=device) for w in widths]
     scales = torch.zeros(shape.adapters, len(widths), dtype=torch.float32)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InvalidRequest
+from core.projections import ATTENTION_PROJECTIONS, PROJECTIONS
 
 if TYPE_CHECKING:
     import torch
@@ -27,9 +28,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 100 << 20
 
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-PROJECTIONS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 # Config fields we interpret, and fields that only matter at training/init time.
@@ -92,26 +90,16 @@ class UnexpectedTensorError(AdapterFormatError):
 
 @dataclass(frozen=True)
 class BaseShapes:
-    """What an adapter must fit: the base model's layer count and projection widths."""
+    """What an adapter must fit: the base model's layer count and projection widths.
+
+    Built from the parsed ``config.json`` by :meth:`core.model_sizes.ModelSizes.base_shapes`.
+    """
 
     num_layers: int
     hidden_size: int
     intermediate_size: int
     q_size: int  # num_heads * head_dim
     kv_size: int  # num_kv_heads * head_dim
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> BaseShapes:
-        """From a Llama-family ``config.json`` dict."""
-        heads = int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-        return cls(
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=int(config["hidden_size"]),
-            intermediate_size=int(config["intermediate_size"]),
-            q_size=heads * head_dim,
-            kv_size=int(config.get("num_key_value_heads") or heads) * head_dim,
-        )
 
     def in_out(self, projection: str) -> tuple[int, int]:
         """``(in_features, out_features)`` of a projection."""

@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ALL_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from core.projections import PROJECTIONS as ALL_TARGETS
+
 BASE_LEARNING_RATE = 2e-4  # what learning_rate_multiplier=1 means for LoRA
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH_SIZE = 4

@@ -17,7 +17,6 @@ from core.adapter_format import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     MAX_CONFIG_BYTES,
-    PROJECTIONS,
     AdapterConfigError,
     AdapterFileError,
     AdapterWeights,
@@ -25,6 +24,7 @@ from core.adapter_format import (
     inspect_adapter,
     load_adapter_weights,
 )
+from core.projections import PROJECTIONS
 from core.storage import ObjectStore
 from server.adapters.errors import AdapterChecksumMismatch, AdapterTooLarge
 from server.adapters.sources import AdapterSource, LocalSource, resolve_local

@@ -1,14 +1,17 @@
-"""The base model's shape, read from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2)."""
+"""The base model as the forward pass sees it, read from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2).
+
+Sizes come from :class:`core.model_sizes.ModelSizes`, the reading the API validates adapters with.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.adapter_format import BaseShapes
 from core.errors import ConfigError
+from core.model_sizes import ModelSizes
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -27,17 +30,11 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Everything the forward pass and the pool need to know about the base model."""
+class ModelConfig(ModelSizes):
+    """Everything the forward pass and the pool need to know about the base model: its sizes, and more."""
 
     model_type: str
     vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rms_norm_eps: float
     rope: RopeConfig
     max_position_embeddings: int
@@ -46,18 +43,6 @@ class ModelConfig:
     o_bias: bool
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def base_shapes(self) -> BaseShapes:
-        """The shapes adapters are validated against."""
-        return BaseShapes(self.num_layers, self.hidden_size, self.intermediate_size, self.q_size, self.kv_size)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -80,21 +65,16 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {config.get('hidden_act')!r} is not served; only 'silu'")
         if config.get("mlp_bias"):
             raise ConfigError("mlp_bias=true is not served")
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
+        sizes = ModelSizes.from_hf_config(config)
+        heads, kv_heads = sizes.num_heads, sizes.num_kv_heads
         if heads % kv_heads:
             raise ConfigError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
         attention_bias = bool(config.get("attention_bias", False))
         eos = set(_as_ids(config.get("eos_token_id"))) | set(_as_ids((generation or {}).get("eos_token_id")))
         return cls(
+            **asdict(sizes),
             model_type=model_type,
             vocab_size=int(config["vocab_size"]),
-            hidden_size=int(config["hidden_size"]),
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope=_rope_config(config),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),

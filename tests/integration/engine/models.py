@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from core.projections import PROJECTIONS
+
+ALL_PROJECTIONS = list(PROJECTIONS)
 
 
 def hf_config(arch: str, *, gqa: bool = True, bias: bool = False, tie: bool = False, **overrides: Any) -> Any:

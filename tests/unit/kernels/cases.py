@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex_kernels.layout import NO_ADAPTER, PROJECTIONS, LoraTables, Segments, SliceGroup
+from core.projections import NUM_PROJECTIONS
+from loraplex_kernels.layout import NO_ADAPTER, LoraTables, Segments, SliceGroup
 from tests.unit.kernels.packing import PackedLora, pack_lora
 
 
@@ -28,7 +29,7 @@ class LoraCase:
     @property
     def projections(self) -> tuple[int, ...]:
         # Distinct projection indices, spread out so that table strides matter.
-        return tuple(range(len(PROJECTIONS)))[:: 7 // len(self.widths) or 1][: len(self.widths)]
+        return tuple(range(NUM_PROJECTIONS))[:: NUM_PROJECTIONS // len(self.widths) or 1][: len(self.widths)]
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.projections import NUM_PROJECTIONS
 from loraplex_kernels.layout import LayerLoraTables, LoraTables
 
 # Key of one adapted projection: (adapter slot, projection index).
@@ -80,7 +81,7 @@ def pack_lora(
     offsets = _place_rows([rows[i][3] for i in order], page_elems, row_align, gen)
     num_pages = max((off + page_elems) // page_elems for off in offsets) if offsets else 1
     arena = torch.full((num_pages * page_elems,), float("nan"), dtype=dtype)
-    tables = LoraTables.empty(max_slots, num_layers, max_rank, row_align=row_align)
+    tables = LoraTables.empty(max_slots, num_layers, max_rank, row_align=row_align, num_projections=NUM_PROJECTIONS)
     packed = PackedLora(arena=arena, tables=tables, layer=layer)
     for (slot, proj), rank in ranks.items():
         tables.ranks[slot, layer, proj] = rank
