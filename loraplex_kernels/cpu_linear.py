@@ -25,6 +25,7 @@ class PanelWeight:
     bias: torch.Tensor | None
     in_features: int
     out_features: int
+    threads: int  # fixed when packed (after the engine set torch's thread count): no lookup per call
 
     @classmethod
     def pack(cls, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> PanelWeight:
@@ -35,7 +36,7 @@ class PanelWeight:
         panels = padded.view(in_features, num_panels, PANEL_COLS).permute(1, 0, 2).contiguous()
         if bias is not None:
             bias = torch.cat([bias.float(), bias.new_zeros(num_panels * PANEL_COLS - out_features)]).contiguous()
-        return cls(panels, bias, in_features, out_features)
+        return cls(panels, bias, in_features, out_features, c_threads())
 
     def dense_weight_t(self) -> torch.Tensor:
         return self.panels.permute(1, 0, 2).reshape(self.in_features, -1)[:, : self.out_features]
@@ -63,6 +64,6 @@ def panel_linear(x: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
     bias = weight.bias.data_ptr() if weight.bias is not None else None
     lib.panel_linear(
         x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), x.shape[0], weight.in_features, weight.out_features,
-        weight.panels.data_ptr(), bias, c_threads(),
+        weight.panels.data_ptr(), bias, weight.threads,
     )  # fmt: skip
     return y

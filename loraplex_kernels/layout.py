@@ -11,7 +11,8 @@ KV cache
 
 Adapter weights
     Stored as rows, never padded to a maximum rank. For adapter slot ``s``, layer ``l`` and
-    projection ``p`` (index into :data:`PROJECTIONS`) with rank ``r = ranks[s, l, p]``:
+    projection ``p`` (``0 <= p < num_projections``; the server owns which index is which projection)
+    with rank ``r = ranks[s, l, p]``:
 
     * row ``i < r`` of ``A`` (PEFT ``lora_A.weight``, shape ``[r, in_features]``) starts at flat
       element offset ``a_rows[s, l, p, i]`` and runs for ``in_features`` elements;
@@ -36,27 +37,9 @@ Segments
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
-
-PROJECTIONS: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-PROJ_INDEX: dict[str, int] = {name: i for i, name in enumerate(PROJECTIONS)}
-
-# Projection groups that share an input and are computed by one fused launch.
-QKV: tuple[int, ...] = (0, 1, 2)
-O: tuple[int, ...] = (3,)  # noqa: E741  (o_proj; the name is part of the contract)
-GATE_UP: tuple[int, ...] = (4, 5)
-DOWN: tuple[int, ...] = (6,)
 
 NO_ADAPTER = -1
 
@@ -96,18 +79,25 @@ def kv_cache_views(arena: torch.Tensor, geom: KVGeometry, layer: int) -> tuple[t
 class LoraTables:
     """Where every resident adapter's rows live. Updated on load/unload, read every step."""
 
-    a_rows: torch.Tensor  # int64 [max_slots, num_layers, 7, max_rank]
-    b_rows: torch.Tensor  # int64 [max_slots, num_layers, 7, max_rank]
-    ranks: torch.Tensor  # int32 [max_slots, num_layers, 7]
-    scales: torch.Tensor  # float32 [max_slots, num_layers, 7]
+    a_rows: torch.Tensor  # int64 [max_slots, num_layers, num_projections, max_rank]
+    b_rows: torch.Tensor  # int64 [max_slots, num_layers, num_projections, max_rank]
+    ranks: torch.Tensor  # int32 [max_slots, num_layers, num_projections]
+    scales: torch.Tensor  # float32 [max_slots, num_layers, num_projections]
     row_align: int = 1  # every row start is a multiple of this many elements (ROW_ALIGN or 1)
 
     @classmethod
     def empty(
-        cls, max_slots: int, num_layers: int, max_rank: int, device: torch.device | str = "cpu", row_align: int = 1
+        cls,
+        max_slots: int,
+        num_layers: int,
+        max_rank: int,
+        device: torch.device | str = "cpu",
+        row_align: int = 1,
+        *,
+        num_projections: int,
     ) -> LoraTables:
-        """Tables with every slot free (rank 0 everywhere)."""
-        shape = (max_slots, num_layers, len(PROJECTIONS))
+        """Tables with every slot free (rank 0 everywhere); ``num_projections`` adapted projections per layer."""
+        shape = (max_slots, num_layers, num_projections)
         return cls(
             a_rows=torch.zeros(*shape, max_rank, dtype=torch.int64, device=device),
             b_rows=torch.zeros(*shape, max_rank, dtype=torch.int64, device=device),
@@ -144,7 +134,10 @@ class LoraTables:
 
 @dataclass
 class LayerLoraTables:
-    """One layer's slice of :class:`LoraTables`: ``[max_slots, 7, max_rank]`` and ``[max_slots, 7]``."""
+    """One layer's slice of :class:`LoraTables`.
+
+    Row tables are ``[max_slots, num_projections, max_rank]``, ranks and scales ``[max_slots, num_projections]``.
+    """
 
     a_rows: torch.Tensor
     b_rows: torch.Tensor
@@ -164,8 +157,6 @@ class Segments:
     max_len: int  # longest segment (host int: sizes the launch grid)
     max_rank: int  # widest rank any segment's adapter uses in any layer/projection (host int)
     token_index: torch.Tensor | None = None  # int64 [num_tokens] or None for identity
-    # What a backend derives from these once per step and reuses in every layer (host-side only).
-    host_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_segments(self) -> int:
@@ -184,32 +175,19 @@ class Segments:
         ``token_slots[i]`` is the adapter slot of position ``i`` (in ``token_index`` order when given).
         ``slot_max_rank[slot]`` is that slot's widest rank over all layers and projections.
         """
-        starts: list[int] = []
-        lengths: list[int] = []
-        slots: list[int] = []
-        for i, slot in enumerate(token_slots):
-            if slots and slots[-1] == slot and starts[-1] + lengths[-1] == i:
-                lengths[-1] += 1
-            else:
-                starts.append(i)
-                lengths.append(1)
-                slots.append(slot)
-        used = [s for s in set(slots) if s != NO_ADAPTER]
-        max_rank = max((slot_max_rank[s] for s in used), default=0)
+        runs = SegmentRuns()
+        for slot in token_slots:
+            runs.add(slot, 1)
         index = None
         if token_index is not None:
             if sorted(token_index) != list(range(len(token_slots))):
                 raise ValueError("token_index must be a permutation of the step's tokens")
             index = torch.tensor(token_index, dtype=torch.int64, device=device)
-        return cls(
-            starts=torch.tensor(starts, dtype=torch.int32, device=device),
-            lengths=torch.tensor(lengths, dtype=torch.int32, device=device),
-            slots=torch.tensor(slots, dtype=torch.int32, device=device),
-            num_tokens=len(token_slots),
-            max_len=max(lengths, default=0),
-            max_rank=max_rank,
-            token_index=index,
-        )
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        return runs.segments(tensor(runs.starts), tensor(runs.lengths), tensor(runs.slots), slot_max_rank, index)
 
     def to(self, device: torch.device | str) -> Segments:
         return Segments(
@@ -220,6 +198,47 @@ class Segments:
             max_len=self.max_len,
             max_rank=self.max_rank,
             token_index=None if self.token_index is None else self.token_index.to(device),
+        )
+
+
+class SegmentRuns:
+    """The one way a step's tokens become segments: runs of tokens, listed in step order, merge while they
+    share an adapter slot. Host-side lists; :meth:`segments` wraps them once they are in tensors."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.lengths: list[int] = []
+        self.slots: list[int] = []
+        self.num_tokens = 0
+
+    def add(self, slot: int, length: int) -> None:
+        """The next ``length`` tokens of the step use adapter ``slot``."""
+        if self.slots and self.slots[-1] == slot:
+            self.lengths[-1] += length
+        else:
+            self.starts.append(self.num_tokens)
+            self.lengths.append(length)
+            self.slots.append(slot)
+        self.num_tokens += length
+
+    def segments(
+        self,
+        starts: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        slot_max_rank: dict[int, int] | list[int],
+        token_index: torch.Tensor | None = None,
+    ) -> Segments:
+        """:class:`Segments` over tensors holding :attr:`starts`, :attr:`lengths` and :attr:`slots` (int32)."""
+        used = {s for s in self.slots if s != NO_ADAPTER}
+        return Segments(
+            starts=starts,
+            lengths=lengths,
+            slots=slots,
+            num_tokens=self.num_tokens,
+            max_len=max(self.lengths, default=0),
+            max_rank=max((slot_max_rank[s] for s in used), default=0),
+            token_index=token_index,
         )
 
 
@@ -247,13 +266,3 @@ class SliceGroup:
             offsets.append(at)
             at += w
         return cls(tuple(projections), tuple(offsets), tuple(widths))
-
-
-@dataclass(frozen=True)
-class LoraDelta:
-    """One projection group's LoRA for one step: what ``add_lora`` needs besides ``x`` and ``y``."""
-
-    arena: torch.Tensor
-    tables: LayerLoraTables
-    group: SliceGroup
-    segs: Segments

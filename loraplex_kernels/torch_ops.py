@@ -146,19 +146,53 @@ def add_lora(
     segs: Segments,
 ) -> None:
     """``y += scale * B(A x)`` for every slice of ``group``: one C call for the whole step where the loop
-    applies (fp32 on CPU), else one shrink matmul per segment, then the expands."""
+    applies (fp32 on CPU), else one shrink matmul per segment, then the expands.
+
+    A convenience that decides and plans on every call; the engine's ``TorchBackend`` does both once."""
     if segs.max_rank == 0:
         return
-    step = _c_step(segs) if _c_eligible(y, x, arena, tables) else None
-    if step is not None:
-        _add_lora_c(step, y, x, arena, tables, group, segs)
+    loops = c_loops() if _c_eligible(y, x, arena, tables) else None
+    add_lora_planned(c_step_plan(segs, loops), y, x, arena, tables, group, segs)
+
+
+def add_lora_planned(
+    plan: CStepPlan | None,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    arena: torch.Tensor,
+    tables: LayerLoraTables,
+    group: SliceGroup,
+    segs: Segments,
+) -> None:
+    """:func:`add_lora` through the step's C plan when there is one, else per-segment matmuls.
+
+    With a plan the caller vouches for the C loop's layout: fp32 CPU tensors, ``x`` and ``y`` rows of unit
+    column stride, and tables laid out as :class:`LoraTables` makes them."""
+    if segs.max_rank == 0:
         return
-    for plan in _plan(arena, tables, group, segs, x.shape[1]):
-        _expand_segment(y, _shrink_segment(x, plan), plan, group)
+    if plan is not None:
+        _add_lora_c(plan, y, x, arena, tables, group, segs)
+        return
+    for seg_plan in _plan(arena, tables, group, segs, x.shape[1]):
+        _expand_segment(y, _shrink_segment(x, seg_plan), seg_plan, group)
 
 
 @dataclass(frozen=True)
-class _CStep:
+class CLoops:
+    """The compiled C loops and how many threads they use, resolved once by whoever owns them."""
+
+    lib: ctypes.CDLL
+    threads: int
+
+
+def c_loops() -> CLoops | None:
+    """The C loops with the current thread setting, or None when they cannot be built (or are turned off)."""
+    lib = c_library()
+    return None if lib is None else CLoops(lib, c_threads())
+
+
+@dataclass(frozen=True)
+class CStepPlan:
     """What the C loop needs from a step's segments, derived once and reused by every layer and group."""
 
     lib: ctypes.CDLL
@@ -171,20 +205,14 @@ class _CStep:
     threads: int
 
 
-def _c_step(segs: Segments) -> _CStep | None:
-    """The step's C-loop plan, or None when the loop is unavailable or the segments do not suit it."""
-    if "c_step" not in segs.host_cache:
-        segs.host_cache["c_step"] = _make_c_step(segs)
-    return segs.host_cache["c_step"]
-
-
-def _make_c_step(segs: Segments) -> _CStep | None:
+def c_step_plan(segs: Segments, loops: CLoops | None, workspace: torch.Tensor | None = None) -> CStepPlan | None:
+    """The step's C-loop plan, or None without the loops, without adapters, or when the segments do not suit
+    it. ``workspace`` (fp32, reused when large enough) holds the per-thread scratch."""
     index = segs.token_index
     suitable = segs.slots.device.type == "cpu" and (
         index is None or (index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu")
     )
-    lib = c_library() if suitable else None
-    if lib is None:
+    if loops is None or not suitable or segs.max_rank == 0:
         return None
     chunks = [
         (start + offset, min(C_CHUNK_TOKENS, length - offset), slot)
@@ -192,17 +220,19 @@ def _make_c_step(segs: Segments) -> _CStep | None:
         if slot != NO_ADAPTER
         for offset in range(0, length, C_CHUNK_TOKENS)
     ]
-    starts, lengths, slots = (torch.tensor([chunk[i] for chunk in chunks], dtype=torch.int32) for i in range(3))
-    threads = c_threads()
+    starts, lengths, slots = torch.tensor(chunks, dtype=torch.int32).reshape(-1, 3).t().contiguous()
     per_thread = min(C_CHUNK_TOKENS, max(segs.max_len, 1)) * max(segs.max_rank, 1)
-    return _CStep(
-        lib=lib,
+    needed = loops.threads * per_thread
+    if workspace is None or workspace.numel() < needed:
+        workspace = torch.empty(needed, dtype=torch.float32)
+    return CStepPlan(
+        lib=loops.lib,
         starts=starts,
         lengths=lengths,
         slots=slots,
-        workspace=torch.empty(threads * per_thread, dtype=torch.float32),
+        workspace=workspace,
         per_thread=per_thread,
-        threads=threads,
+        threads=loops.threads,
     )
 
 
@@ -229,7 +259,7 @@ def _group_arrays(group: SliceGroup) -> tuple[ctypes.Array, ctypes.Array, ctypes
 
 
 def _add_lora_c(
-    step: _CStep,
+    step: CStepPlan,
     y: torch.Tensor,
     x: torch.Tensor,
     arena: torch.Tensor,
@@ -288,6 +318,22 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """One query token per sequence over its first ``context_lens[b]`` cached tokens (GQA aware).
 
+    A convenience that looks up the C loops on every call; the engine's ``TorchBackend`` resolves them once.
+    """
+    return paged_attention_decode_with(c_loops(), q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_decode_with(
+    loops: CLoops | None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`paged_attention_decode` through ``loops`` where the tensors suit them, else in torch.
+
     Pages of the whole batch are gathered once (up to the longest context), then one masked
     batched softmax-attention runs for all sequences.
     """
@@ -296,18 +342,17 @@ def paged_attention_decode(
     if batch == 0:
         return torch.empty_like(q)
     max_len = int(context_lens.max())
-    lib = c_library() if _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens) else None
-    if lib is not None:
+    if loops is not None and _c_attention_eligible(q, k_cache, v_cache, block_tables, context_lens):
         # The C loop trusts its indices: check them here, where a bad table raises instead of crashing.
         if max_len > block_tables.shape[1] * block_size or int(block_tables.max()) >= k_cache.shape[0]:
             raise ValueError("context_lens or block_tables point outside the KV cache")
         q = q.contiguous()
         out = torch.empty_like(q)
-        threads = c_threads()
+        threads = loops.threads
         parts = _head_parts(batch, num_kv_heads, threads)
         per_thread = max_len * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)
-        lib.paged_attention_decode(
+        loops.lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
             block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
             num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(), per_thread, parts,

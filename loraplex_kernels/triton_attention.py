@@ -183,6 +183,7 @@ def paged_attention_decode(
     scale: float,
     *,
     config: AttentionConfig | None = None,
+    interpret: bool | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, num_heads, head_dim]`` over the first ``context_lens[b]`` cached tokens."""
     batch, num_heads, head_dim = q.shape
@@ -191,7 +192,7 @@ def paged_attention_decode(
         raise ValueError("caches must be [pages, block_size, kv_heads, head_dim] with kv_heads dividing num_heads")
     if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    interpret = check_launchable(q, k_cache, v_cache, block_tables, context_lens)
+    interpret = check_launchable(q, k_cache, v_cache, block_tables, context_lens, interpret=interpret)
     out = torch.empty_like(q)
     if batch == 0:
         return out

@@ -23,9 +23,12 @@ def dot(a, b, INTERPRET: tl.constexpr):
     return tl.dot(a, b, input_precision="ieee")
 
 
-def check_launchable(*tensors: torch.Tensor) -> bool:
-    """Raise unless every tensor can reach a Triton kernel; return whether the interpreter runs it."""
-    interpret = interpreting()
+def check_launchable(*tensors: torch.Tensor, interpret: bool | None = None) -> bool:
+    """Raise unless every tensor can reach a Triton kernel; return whether the interpreter runs it.
+
+    ``interpret`` is what the caller decided once (a backend); None reads ``TRITON_INTERPRET`` now."""
+    if interpret is None:
+        interpret = interpreting()
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"kernel inputs must share one device, got {sorted(map(str, devices))}")

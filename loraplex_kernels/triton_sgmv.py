@@ -230,11 +230,12 @@ def sgmv_shrink(
     segs: Segments,
     *,
     config: ShrinkConfig | None = None,
+    interpret: bool | None = None,
 ) -> torch.Tensor:
     """``v[t, s, :r] = x[t] @ A_s^T`` per adapted segment; fp32 ``[num_tokens, num_slices, segs.max_rank]``."""
     if x.dim() != 2 or arena.dim() != 1 or x.dtype != arena.dtype:
         raise ValueError("x must be [tokens, in_features] and the arena a flat tensor of the same dtype")
-    interpret = check_launchable(x, arena, tables.a_rows, tables.ranks, segs.starts)
+    interpret = check_launchable(x, arena, tables.a_rows, tables.ranks, segs.starts, interpret=interpret)
     _check_segments(segs, x.shape[0])
     v = torch.zeros(x.shape[0], group.num_slices, segs.max_rank, dtype=torch.float32, device=x.device)
     if segs.max_rank == 0 or segs.max_len == 0 or segs.num_segments == 0:
@@ -298,13 +299,14 @@ def sgmv_expand(
     segs: Segments,
     *,
     config: ExpandConfig | None = None,
+    interpret: bool | None = None,
 ) -> None:
     """``y[t, slice s] += scale_s * v[t, s, :r] @ B_s^T`` in place, accumulating in fp32."""
     if y.dim() != 2 or v.dim() != 3 or arena.dim() != 1 or v.shape[1] != group.num_slices:
         raise ValueError("y must be [tokens, width], v [tokens, num_slices, rank] and the arena flat")
     if max((o + w for o, w in zip(group.out_offsets, group.out_widths, strict=True)), default=0) > y.shape[1]:
         raise ValueError(f"slice group reaches past y's {y.shape[1]} columns")
-    interpret = check_launchable(y, v, arena, tables.b_rows, tables.ranks, segs.starts)
+    interpret = check_launchable(y, v, arena, tables.b_rows, tables.ranks, segs.starts, interpret=interpret)
     _check_segments(segs, min(y.shape[0], v.shape[0]))
     if v.shape[2] == 0 or segs.max_len == 0 or segs.num_segments == 0 or group.num_slices == 0:
         return
@@ -358,9 +360,10 @@ def add_lora(
     *,
     shrink: ShrinkConfig | None = None,
     expand: ExpandConfig | None = None,
+    interpret: bool | None = None,
 ) -> None:
     """``y += scale * B(A x)`` for every slice of ``group``: shrink then expand (nothing without adapters)."""
     if segs.max_rank == 0:
         return
-    v = sgmv_shrink(x, arena, tables, group, segs, config=shrink)
-    sgmv_expand(y, v, arena, tables, group, segs, config=expand)
+    v = sgmv_shrink(x, arena, tables, group, segs, config=shrink, interpret=interpret)
+    sgmv_expand(y, v, arena, tables, group, segs, config=expand, interpret=interpret)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from loraplex_kernels import NO_ADAPTER, Segments
+from loraplex_kernels import SegmentRuns, Segments
 from server.engine.outputs import TokenLogprob
 from server.engine.sampler import Sampler, SamplingRow
 from server.engine.scheduler import SchedulerOutput
 from server.engine.sequence import Sequence
+from server.engine.step_buffers import StepBuffers
 from server.memory.block_manager import blocks_for
 from server.model.attention import AttentionMetadata, PrefillSpan
 from server.model.llama import LlamaModel
@@ -27,16 +29,24 @@ class StepInputs:
 
 
 class ModelRunner:
-    """Owns the model on its device; stateless between steps apart from the KV pages it writes."""
+    """Owns the model on its device and the step's input buffers; stateless between steps apart from the KV
+    pages it writes. A step's inputs are views of persistent buffers, valid until the next ``prepare``."""
 
     def __init__(
-        self, model: LlamaModel, sampler: Sampler, slot_max_rank: list[int], block_size: int, device: torch.device
+        self,
+        model: LlamaModel,
+        sampler: Sampler,
+        slot_max_rank: list[int],
+        block_size: int,
+        device: torch.device,
+        buffers: StepBuffers,
     ) -> None:
         self.model = model
         self.sampler = sampler
         self.slot_max_rank = slot_max_rank  # shared with the adapter pages, updated on load/unload
         self.block_size = block_size
         self.device = device
+        self.buffers = buffers
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> list[tuple[Sequence, int, TokenLogprob | None]]:
@@ -51,80 +61,101 @@ class ModelRunner:
         return list(zip(inputs.sampled, token_ids, logprobs, strict=True))
 
     def prepare(self, batch: SchedulerOutput) -> StepInputs:
-        """Flatten the step's tokens (in scheduler order) and build the metadata every layer shares."""
-        bs = self.block_size
+        """Flatten the step's tokens (in scheduler order) into the step buffers, build the metadata every layer
+        shares, and prepare the model's kernels for the step's segments."""
+        buf, bs, scheduled = self.buffers, self.block_size, batch.scheduled
+        num_seqs = len(scheduled)
+        width = max((len(item.seq.block_table) for item in scheduled), default=0)
+        if num_seqs > buf.max_seqs or batch.num_tokens > buf.max_tokens or width > buf.max_blocks:
+            raise ValueError(
+                f"a step of {num_seqs} sequences, {batch.num_tokens} tokens and {width} blocks per sequence "
+                f"exceeds the step buffers ({buf.max_seqs}, {buf.max_tokens}, {buf.max_blocks})"
+            )
+        buf.wait_for_copies()
+        tables = buf.block_tables.np
+        tables[:num_seqs, :width] = 0
         input_ids: list[int] = []
-        positions: list[int] = []
-        write_pages: list[int] = []
-        prefills: list[PrefillSpan] = []
-        decode_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        firsts: list[int] = []  # per sequence: position of its first new token
+        counts: list[int] = []  # per sequence: new tokens
+        decodes: list[int] = []  # indices of single-token sequences
+        prefills: list[tuple[int, int, int, int]] = []  # (sequence index, row, tokens, context)
         logit_rows: list[int] = []
         sampled: list[Sequence] = []
-        seg_starts: list[int] = []
-        seg_lengths: list[int] = []
-        seg_slots: list[int] = []
+        runs = SegmentRuns()
         row = 0
-        for item in batch.scheduled:
+        for i, item in enumerate(scheduled):
             seq, n = item.seq, item.num_new_tokens
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            start = seq.num_computed_tokens
             table = seq.block_table
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            write_pages += [table[p // bs] for p in range(start, end)]
+            tables[i, : len(table)] = table
+            input_ids += seq.token_ids[start : start + n]
+            firsts.append(start)
+            counts.append(n)
             if n == 1:
-                decode_rows.append(row)
-                decode_tables.append(table)
-                decode_lens.append(end)
+                decodes.append(i)
             else:
-                pages = torch.tensor(table[: blocks_for(end, bs)], dtype=torch.int64)
-                prefills.append(PrefillSpan(row, n, start, pages.to(self.device)))
+                prefills.append((i, row, n, start))
             if item.samples:
                 logit_rows.append(row + n - 1)
                 sampled.append(seq)
-            if seg_slots and seg_slots[-1] == seq.adapter_slot:
-                seg_lengths[-1] += n
-            else:
-                seg_starts.append(row)
-                seg_lengths.append(n)
-                seg_slots.append(seq.adapter_slot)
+            runs.add(seq.adapter_slot, n)
             row += n
 
-        device = self.device
-        pos = torch.tensor(positions, dtype=torch.int64)
+        # Per-token positions and write slots, vectorised over the step.
+        count = np.array(counts, dtype=np.int64)
+        first_rows = np.cumsum(count) - count
+        first = np.array(firsts, dtype=np.int64)
+        positions = np.arange(row, dtype=np.int64) + np.repeat(first - first_rows, count)
+        buf.input_ids.np[:row] = input_ids
+        buf.positions.np[:row] = positions
+        buf.write_offsets.np[:row] = positions % bs
+        buf.write_pages.np[:row] = tables[np.repeat(np.arange(num_seqs), count), positions // bs]
+        buf.logit_rows.np[: len(logit_rows)] = logit_rows
+        runs_len = len(runs.slots)
+        buf.segment_starts.np[:runs_len] = runs.starts
+        buf.segment_lengths.np[:runs_len] = runs.lengths
+        buf.segment_slots.np[:runs_len] = runs.slots
+
         attention = AttentionMetadata(
-            write_pages=torch.tensor(write_pages, dtype=torch.int64).to(device),
-            write_offsets=(pos % bs).to(device),
-            prefills=prefills,
+            write_pages=buf.write_pages.upload(row),
+            write_offsets=buf.write_offsets.upload(row),
+            prefills=[],
             decode_rows=None,
             decode_block_tables=None,
             decode_context_lens=None,
             all_decode=not prefills,
         )
-        if decode_rows:
-            width = max(len(t) for t in decode_tables)
-            tables = torch.zeros(len(decode_tables), width, dtype=torch.int32)
-            for i, t in enumerate(decode_tables):
-                tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-            attention.decode_block_tables = tables.to(device)
-            attention.decode_context_lens = torch.tensor(decode_lens, dtype=torch.int32).to(device)
+        if decodes:
+            index = np.array(decodes, dtype=np.int64)
+            num_decodes = len(decodes)
+            decode_width = max(len(scheduled[i].seq.block_table) for i in decodes)
+            buf.decode_block_tables.np[:num_decodes, :decode_width] = tables[index, :decode_width]
+            buf.decode_context_lens.np[:num_decodes] = first[index] + 1
+            attention.decode_block_tables = buf.decode_block_tables.upload(num_decodes)[:, :decode_width]
+            attention.decode_context_lens = buf.decode_context_lens.upload(num_decodes)
             if prefills:
-                attention.decode_rows = torch.tensor(decode_rows, dtype=torch.int64).to(device)
-        used = [s for s in seg_slots if s != NO_ADAPTER]
-        segments = Segments(
-            starts=torch.tensor(seg_starts, dtype=torch.int32).to(device),
-            lengths=torch.tensor(seg_lengths, dtype=torch.int32).to(device),
-            slots=torch.tensor(seg_slots, dtype=torch.int32).to(device),
-            num_tokens=row,
-            max_len=max(seg_lengths, default=0),
-            max_rank=max((self.slot_max_rank[s] for s in used), default=0),
+                buf.decode_rows.np[:num_decodes] = first_rows[index]
+                attention.decode_rows = buf.decode_rows.upload(num_decodes)
+        if prefills:
+            block_tables = buf.block_tables.upload(num_seqs)
+            attention.prefills = [
+                PrefillSpan(at, n, context, block_tables[i, : blocks_for(context + n, bs)])
+                for i, at, n, context in prefills
+            ]
+        segments = runs.segments(
+            buf.segment_starts.upload(runs_len),
+            buf.segment_lengths.upload(runs_len),
+            buf.segment_slots.upload(runs_len),
+            self.slot_max_rank,
         )
-        return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
-            positions=pos.to(device),
+        inputs = StepInputs(
+            input_ids=buf.input_ids.upload(row),
+            positions=buf.positions.upload(row),
             attention=attention,
             segments=segments,
-            logit_rows=torch.tensor(logit_rows, dtype=torch.int64).to(device),
+            logit_rows=buf.logit_rows.upload(len(logit_rows)),
             sampled=sampled,
         )
+        buf.copies_issued()
+        self.model.kernels.prepare(segments)
+        return inputs

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import loraplex_kernels as kernels
+from loraplex_kernels import KernelBackend
 
 
 @dataclass
@@ -17,7 +17,7 @@ class PrefillSpan:
     start: int
     length: int
     context_len: int  # tokens of this sequence already cached before the span
-    block_table: torch.Tensor  # int64 pages covering context_len + length tokens
+    block_table: torch.Tensor  # int32 pages covering context_len + length tokens
 
 
 @dataclass
@@ -27,8 +27,8 @@ class AttentionMetadata:
     write_pages: torch.Tensor  # int64 [T]
     write_offsets: torch.Tensor  # int64 [T]
     prefills: list[PrefillSpan]
-    decode_rows: torch.Tensor | None  # int64 [B] rows of single-token sequences; None when there are none
-    decode_block_tables: torch.Tensor | None  # int32 [B, max_blocks]
+    decode_rows: torch.Tensor | None  # int64 [B] rows of single-token sequences; None when all rows decode
+    decode_block_tables: torch.Tensor | None  # int32 [B, blocks of the longest decode sequence]
     decode_context_lens: torch.Tensor | None  # int32 [B], including the new token
     all_decode: bool  # every row is a decode row, in order: no gather/scatter needed
 
@@ -47,6 +47,7 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kernels: KernelBackend,
 ) -> torch.Tensor:
     """Causal attention of the step's queries ``[T, heads, d]``; ``k``/``v`` must already be in the cache."""
     if meta.all_decode:

@@ -15,10 +15,11 @@ inputs longer than the largest bucket are cut into chunks of it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-import loraplex_kernels as kernels
-from loraplex_kernels import LoraDelta
+from loraplex_kernels import KernelBackend, LayerLoraTables, Segments, SliceGroup
 from loraplex_kernels.cpu_linear import PanelWeight, panel_gemm_suits, panel_linear
 
 # oneDNN picks its blocking from an expected batch size; decode batches are tens of tokens.
@@ -27,6 +28,17 @@ PACK_BATCH_HINT = 64
 # steps of 32; longer inputs run in chunks of 256 rows. 14 kernels per weight shape, whatever the traffic.
 SMALL_ROW_STEP, SMALL_ROWS = 8, 64
 LARGE_ROW_STEP, MAX_PACKED_ROWS = 32, 256
+
+
+@dataclass(frozen=True)
+class LoraDelta:
+    """One projection group's LoRA for one step: the engine's kernels and what they need besides ``x`` and ``y``."""
+
+    kernels: KernelBackend
+    arena: torch.Tensor
+    tables: LayerLoraTables
+    group: SliceGroup
+    segs: Segments
 
 
 class Linear:
@@ -41,7 +53,7 @@ class Linear:
         self.weight_t = weight_t if self._panels is None and self._packed is None else None
 
     def __call__(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
-        """The projection of ``x``, plus ``lora``'s per-segment delta when given."""
+        """The projection of ``x``, plus ``lora``'s per-segment delta (through its kernels) when given."""
         if self._panels is not None:
             y = panel_linear(x, self._panels)
         elif self._packed is not None:
@@ -51,7 +63,7 @@ class Linear:
         else:
             y = torch.addmm(self.bias, x, self.weight_t)
         if lora is not None:
-            kernels.add_lora(y, x, lora.arena, lora.tables, lora.group, lora.segs)
+            lora.kernels.add_lora(y, x, lora.arena, lora.tables, lora.group, lora.segs)
         return y
 
     def _packed_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

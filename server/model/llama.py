@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from loraplex_kernels import DOWN, GATE_UP, QKV, LayerLoraTables, LoraDelta, LoraTables, Segments, SliceGroup
-from loraplex_kernels import O as O_PROJ
+from core.projections import DOWN, GATE_UP, O_PROJ, QKV, ProjectionGroup
+from loraplex_kernels import KernelBackend, LayerLoraTables, LoraTables, Segments, SliceGroup
 from server.model.attention import AttentionMetadata, paged_attention, write_kv
 from server.model.config import ModelConfig
+from server.model.linear import LoraDelta
 from server.model.rope import RotaryEmbedding
 from server.model.weights import ModelWeights
 
@@ -28,18 +29,19 @@ class LoraBinding:
 
     @classmethod
     def create(cls, arena: torch.Tensor, tables: LoraTables, config: ModelConfig) -> LoraBinding:
+        shapes = config.base_shapes()
+
+        def fused(group: ProjectionGroup) -> SliceGroup:
+            return SliceGroup.contiguous(group.indices, tuple(shapes.in_out(p)[1] for p in group.projections))
+
         return cls(
             arena=arena,
             layers=[tables.layer(n) for n in range(config.num_layers)],
-            qkv=SliceGroup.contiguous(QKV, (config.q_size, config.kv_size, config.kv_size)),
-            o=SliceGroup.contiguous(O_PROJ, (config.hidden_size,)),
-            gate_up=SliceGroup.contiguous(GATE_UP, (config.intermediate_size, config.intermediate_size)),
-            down=SliceGroup.contiguous(DOWN, (config.hidden_size,)),
+            qkv=fused(QKV),
+            o=fused(O_PROJ),
+            gate_up=fused(GATE_UP),
+            down=fused(DOWN),
         )
-
-    def delta(self, tables: LayerLoraTables, group: SliceGroup, segs: Segments) -> LoraDelta:
-        """One layer's LoRA for ``group`` in this step, for the projection that computes it."""
-        return LoraDelta(self.arena, tables, group, segs)
 
 
 class LlamaModel:
@@ -52,11 +54,13 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoraBinding,
         max_positions: int,
+        kernels: KernelBackend,
     ) -> None:
         self.config = config
         self.weights = weights
         self.kv_caches = kv_caches
         self.lora = lora
+        self.kernels = kernels  # chosen once by the engine builder; the runner prepares it every step
         dtype, device = weights.embed.dtype, weights.embed.device
         self.rope = RotaryEmbedding(config.rope, config.head_dim, max_positions, dtype, device)
         self.scale = config.head_dim**-0.5
@@ -64,7 +68,9 @@ class LlamaModel:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, segs: Segments
     ) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` before the final norm; writes the tokens' K/V into their pages."""
+        """Hidden states ``[T, hidden]`` before the final norm; writes the tokens' K/V into their pages.
+
+        ``segs`` must have been prepared on :attr:`kernels` for this step (``ModelRunner.prepare`` does it)."""
         x = F.embedding(input_ids, self.weights.embed)
         cos, sin = self.rope.tables(positions)
         use_lora = segs.max_rank > 0
@@ -88,12 +94,16 @@ class LlamaModel:
         use_lora: bool,
     ) -> None:
         """One decoder layer, updating the residual stream ``x`` in place."""
-        c, w, lora = self.config, self.weights.layers[n], self.lora
+        c, w, lora, kernels = self.config, self.weights.layers[n], self.lora, self.kernels
         tables = lora.layers[n]
         num_tokens = x.shape[0]
 
+        def delta(group: SliceGroup) -> LoraDelta | None:
+            """This layer's LoRA for ``group`` in this step, for the projection that computes it."""
+            return LoraDelta(kernels, lora.arena, tables, group, segs) if use_lora else None
+
         h = F.rms_norm(x, (c.hidden_size,), w.input_norm, c.rms_norm_eps)
-        qkv = w.qkv(h, lora.delta(tables, lora.qkv, segs) if use_lora else None)
+        qkv = w.qkv(h, delta(lora.qkv))
         qk = qkv[:, : c.q_size + c.kv_size].view(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
         self.rope.apply_(qk, cos, sin)
         q = qk[:, : c.num_heads]
@@ -101,10 +111,10 @@ class LlamaModel:
         v = qkv[:, c.q_size + c.kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
         k_cache, v_cache = self.kv_caches[n]
         write_kv(k_cache, v_cache, k, v, meta)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale).reshape(num_tokens, c.q_size)
-        x.add_(w.o(attn, lora.delta(tables, lora.o, segs) if use_lora else None))
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels).reshape(num_tokens, c.q_size)
+        x.add_(w.o(attn, delta(lora.o)))
 
         h = F.rms_norm(x, (c.hidden_size,), w.post_norm, c.rms_norm_eps)
-        gate_up = w.gate_up(h, lora.delta(tables, lora.gate_up, segs) if use_lora else None)
+        gate_up = w.gate_up(h, delta(lora.gate_up))
         act = F.silu(gate_up[:, : c.intermediate_size]).mul_(gate_up[:, c.intermediate_size :])
-        x.add_(w.down(act, lora.delta(tables, lora.down, segs) if use_lora else None))
+        x.add_(w.down(act, delta(lora.down)))

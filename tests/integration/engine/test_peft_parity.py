@@ -111,8 +111,9 @@ def test_parity_with_triton_kernels(case, monkeypatch):
 
         if os.environ.get("TRITON_INTERPRET") != "1":
             pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
-    monkeypatch.setenv("LORAPLEX_KERNELS", "triton")
+    monkeypatch.setenv("LORAPLEX_KERNELS", "triton")  # read when the engine is built, below
     subset = [0, 2, 3, 6, 8]  # attention-only, all seven, q/v, base, rank 16 MLP: every kernel path
     small_dirs = {name: dirs[name] for name in ("attn-r8", "all-r32", "qv-r2", "mlp-r16")}
-    _, got = _run(base, small_dirs, [requests[i] for i in subset], pool_bytes=16 << 20, max_tokens=4)
+    llm, got = _run(base, small_dirs, [requests[i] for i in subset], pool_bytes=16 << 20, max_tokens=4)
+    assert llm.engine.runner.model.kernels.name == "triton"
     assert got == [expected[i][:4] for i in subset]

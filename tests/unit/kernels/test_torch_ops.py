@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from core.projections import NUM_PROJECTIONS, QKV
 from loraplex_kernels import reference, torch_ops
-from loraplex_kernels.layout import NO_ADAPTER, QKV, LoraTables, Segments, SliceGroup
+from loraplex_kernels.layout import NO_ADAPTER, LoraTables, Segments, SliceGroup
 
 IN, OUT = 44, (40, 24, 20)  # widths off the 8-float vector too: the C loop's scalar tails run
 TOL = dict(rtol=1e-5, atol=2e-4)
@@ -16,17 +17,17 @@ def build(ranks: dict[int, tuple[int, ...]], contiguous: bool, seed: int = 0, dt
     """An arena with adapter rows laid out contiguously (views) or scattered with gaps (gathers)."""
     gen = torch.Generator().manual_seed(seed)
     arena = torch.randn(300_000, generator=gen).to(dtype)
-    tables = LoraTables.empty(4, 1, 16)
+    tables = LoraTables.empty(4, 1, 16, num_projections=NUM_PROJECTIONS)
     at = 7
     for slot, slot_ranks in ranks.items():
-        for k, proj in enumerate(QKV):
+        for k, proj in enumerate(QKV.indices):
             r = slot_ranks[k]
             tables.ranks[slot, 0, proj] = r
             tables.scales[slot, 0, proj] = 0.25 + slot + k
             for i in range(r):
                 tables.a_rows[slot, 0, proj, i] = at
                 at += IN + (0 if contiguous else 5)
-        for k, proj in enumerate(QKV):
+        for k, proj in enumerate(QKV.indices):
             for i in range(slot_ranks[k]):
                 tables.b_rows[slot, 0, proj, i] = at
                 at += OUT[k] + (0 if contiguous else 3)
@@ -54,7 +55,7 @@ def test_add_lora_matches_reference(use_c, contiguous, permuted, lengths, monkey
     n = len(token_slots)
     index = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist() if permuted else None
     segs = Segments.from_token_slots(token_slots, {0: 16, 1: 8, 2: 3}, token_index=index)
-    group = SliceGroup.contiguous(QKV, OUT)
+    group = SliceGroup.contiguous(QKV.indices, OUT)
     x, y = torch.randn(n, IN), torch.randn(n, sum(OUT))
     expected, got = y.clone(), y.clone()
     reference.add_lora(expected, x, arena, tables, group, segs)
@@ -67,7 +68,7 @@ def test_add_lora_matches_reference(use_c, contiguous, permuted, lengths, monkey
 def test_bf16_arena_is_accumulated_in_fp32():
     arena, tables = build(RANKS, contiguous=True, dtype=torch.bfloat16)
     segs = Segments.from_token_slots([0, 0, 1, 2], {0: 16, 1: 8, 2: 3})
-    group = SliceGroup.contiguous(QKV, OUT)
+    group = SliceGroup.contiguous(QKV.indices, OUT)
     x, y = torch.randn(4, IN).bfloat16(), torch.randn(4, sum(OUT)).bfloat16()
     expected, got = y.clone(), y.clone()
     reference.add_lora(expected, x, arena, tables, group, segs)
@@ -78,7 +79,7 @@ def test_bf16_arena_is_accumulated_in_fp32():
 def test_shrink_and_expand_match_reference():
     arena, tables = build(RANKS, contiguous=False)
     segs = Segments.from_token_slots([2, 0, 0, NO_ADAPTER, 1], {0: 16, 1: 8, 2: 3})
-    group = SliceGroup.contiguous(QKV, OUT)
+    group = SliceGroup.contiguous(QKV.indices, OUT)
     x = torch.randn(5, IN)
     v_ref = reference.sgmv_shrink(x, arena, tables, group, segs)
     v = torch_ops.sgmv_shrink(x, arena, tables, group, segs)
@@ -95,7 +96,7 @@ def test_a_batch_without_adapters_is_untouched():
     segs = Segments.from_token_slots([NO_ADAPTER] * 3, {})
     y = torch.randn(3, sum(OUT))
     before = y.clone()
-    torch_ops.add_lora(y, torch.randn(3, IN), arena, tables, SliceGroup.contiguous(QKV, OUT), segs)
+    torch_ops.add_lora(y, torch.randn(3, IN), arena, tables, SliceGroup.contiguous(QKV.indices, OUT), segs)
     assert torch.equal(y, before)
 
 
