@@ -51,6 +51,10 @@ def register(app: typer.Typer) -> None:
         max_adapters_per_batch: Annotated[
             int | None, typer.Option(help="Distinct adapters in the running batch (default: max resident).")
         ] = None,
+        adapter_turn_steps: Annotated[
+            int,
+            typer.Option(help="Engine steps a running adapter keeps starting requests while another waits for a seat."),
+        ] = 64,
         max_waiting: Annotated[int, typer.Option(help="Queued requests before answering 429.")] = 256,
         max_n: Annotated[int, typer.Option(help="Largest n (completions per request).")] = 16,
         advertise_url: Annotated[
@@ -86,6 +90,7 @@ def register(app: typer.Typer) -> None:
                 max_lora_rank=max_lora_rank or settings.max_lora_rank,
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,
+                adapter_turn_steps=adapter_turn_steps,
                 max_waiting=max_waiting,
                 max_n=max_n,
                 adapter_root=adapter_root,

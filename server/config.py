@@ -32,6 +32,7 @@ class ServerConfig:
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
+    adapter_turn_steps: int = 64  # steps a running adapter keeps starting requests while another waits for a seat
     max_waiting: int = 256
     max_n: int = 16
     adapter_root: Path | None = None
@@ -64,6 +65,7 @@ class ServerConfig:
             "load_workers",
             "max_lora_rank",
             "host_cache_bytes",
+            "adapter_turn_steps",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -102,6 +104,8 @@ class ServerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_adapters=self.max_resident_adapters,
+            max_adapters_per_batch=self.adapters_per_batch,
+            adapter_turn_steps=self.adapter_turn_steps,
             max_lora_rank=self.max_lora_rank,
             num_threads=self.num_threads,
             seed=self.seed,

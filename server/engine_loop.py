@@ -52,16 +52,6 @@ class PoolView:
     tiers: TierSnapshot
 
 
-def kv_starved(engine: LLMEngine) -> bool:
-    """Whether the engine's next queued sequence cannot get its KV pages (so adapter pages should yield)."""
-    scheduler = engine.scheduler
-    if not scheduler.waiting:
-        return False
-    head = scheduler.waiting[0]
-    chunk = min(head.num_uncomputed_tokens, scheduler.max_num_batched_tokens)
-    return not scheduler.block_manager.can_grow(head.block_table, chunk, admitting=True)
-
-
 class EngineLoop:
     """Owns the engine and the adapter manager on a background thread."""
 
@@ -72,14 +62,12 @@ class EngineLoop:
         replica_id: str,
         *,
         max_waiting: int,
-        max_adapters_per_batch: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.replica_id = replica_id
         self.max_waiting = max_waiting
-        self.max_adapters_per_batch = max_adapters_per_batch
         self.clock = clock
         self.manager: AdapterManager | None = None  # attached before start (it needs ``post``)
         # Told when an adapter cannot be loaded, e.g. to stop listing a broken one.
@@ -88,7 +76,7 @@ class EngineLoop:
         self._closed = False  # set (under _counts_lock) when the thread exits: nothing posted after runs
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._pending: list[Ticket] = []  # not yet in the engine: waiting for an adapter or for admission
+        self._pending: list[Ticket] = []  # not yet in the engine: waiting for their adapter to become resident
         self._admitted: dict[str, Ticket] = {}
         self._counts_lock = threading.Lock()
         self._waiting = 0
@@ -232,11 +220,9 @@ class EngineLoop:
         assert manager is not None
         self._pending.append(ticket)  # first: ``want`` may answer at once
         if ticket.adapter is not None:
-            now = self.clock()
             key, source = ticket.adapter.key, ticket.adapter.source
-            manager.acquire(key, source, now)
             ticket.cold_start = not manager.is_resident(key)
-            manager.want(key, source, lambda error: self._adapter_ready(ticket, error), now)
+            manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock())
 
     def _adapter_ready(self, ticket: Ticket, error: LoraplexError | None) -> None:
         if error is None:
@@ -261,29 +247,23 @@ class EngineLoop:
 
     def _drop_pending(self, ticket: Ticket, error: LoraplexError) -> None:
         self._pending.remove(ticket)
-        if ticket.adapter is not None and self.manager is not None:
-            self.manager.release(ticket.adapter.key, self.clock())
         with self._counts_lock:
             self._waiting -= 1
         ticket.admit(error)
 
     def _admit(self) -> None:
-        """Move queued requests whose adapters are resident into the engine, within the adapters-per-batch cap."""
+        """Move queued requests whose adapters are resident into the engine; its scheduler decides when they run.
+
+        Once in the engine a request holds its adapter, so nothing evicts it before the request ends.
+        """
         manager = self.manager
         assert manager is not None
-        if not self._pending:
-            return
-        # A placement waiting for pages gets them as running requests finish: admit nothing new meanwhile.
-        if manager.placement_blocked and self.engine.has_unfinished_requests():
-            return
-        active = {t.adapter_key for t in self._admitted.values() if t.adapter_key is not None}
+        # A placement waiting for pages gets them as running requests finish: start nothing new meanwhile.
+        self.engine.hold_admissions(manager.placement_blocked)
         for ticket in list(self._pending):
             key = ticket.adapter_key
-            if key is not None:
-                if not manager.is_resident(key):
-                    continue
-                if key not in active and len(active) >= self.max_adapters_per_batch:
-                    continue
+            if key is not None and not manager.is_resident(key):
+                continue
             try:
                 self.engine.add_request(
                     ticket.request_id, ticket.prompt_token_ids, ticket.params, key, arrival_time=ticket.arrival
@@ -291,8 +271,6 @@ class EngineLoop:
             except LoraplexError as exc:
                 self._drop_pending(ticket, exc)
                 continue
-            if key is not None:
-                active.add(key)
             self._pending.remove(ticket)
             self._admitted[ticket.request_id] = ticket
             self.metrics.prompt_tokens.inc(len(ticket.prompt_token_ids))
@@ -301,11 +279,10 @@ class EngineLoop:
     def _step(self) -> None:
         manager = self.manager
         assert manager is not None
-        preemptions = self.engine.num_preemptions
         started = self.clock()
         outputs = self.engine.step()
         now = self.clock()
-        if self.engine.num_preemptions > preemptions or kv_starved(self.engine):
+        if self.engine.kv_starved():
             manager.relieve_pressure(now)
         self._publish()  # before answering, so a client that then scrapes sees this step's pool
         share = (now - started) / max(1, len(outputs))
@@ -336,7 +313,7 @@ class EngineLoop:
                 self._running -= 1
             self.metrics.e2e_request_latency.observe(now - ticket.arrival)
             if ticket.adapter is not None and self.manager is not None:
-                self.manager.release(ticket.adapter.key, now)
+                self.manager.request_ended(ticket.adapter.key, now)
             ticket.finish_stats(self.replica_id)
         ticket.deliver(out)
 

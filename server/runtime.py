@@ -38,7 +38,6 @@ class ServerRuntime:
             metrics,
             config.replica_id,
             max_waiting=config.max_waiting,
-            max_adapters_per_batch=config.adapters_per_batch,
         )
         self._scratch = Path(tempfile.mkdtemp(prefix="loraplex-server-"))
         fetcher = AdapterFetcher(

@@ -4,6 +4,10 @@ Owned by the engine thread: every method except ``drain_residency`` (and the fet
 runs there, between engine steps, so placing and evicting never race a step. Downloads and
 parsing run on a thread pool; their results come back through ``post`` (a queue the engine thread
 drains). Loads of one adapter are shared by everyone who asks while it is in flight.
+
+Whether an adapter is resident, its pages, and whether a request uses it are the engine's
+:class:`~server.engine.resident_adapters.ResidentAdapters`'s facts: this module asks it and keeps only
+what the tiers add (loads in flight, host RAM, pins, idle times).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from server.adapters.fetch import AdapterFetcher, HostAdapter
 from server.adapters.host_cache import HostCache
 from server.adapters.sources import AdapterSource, LocalSource
 from server.engine import LLMEngine
-from server.engine.errors import AdapterInUse
+from server.memory.adapter_pages import AdapterPlan
 from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -31,11 +35,10 @@ log = logging.getLogger(__name__)
 Waiter = Callable[[LoraplexError | None], None]
 
 
-class AdapterState(Enum):
-    COLD = "cold"  # in host RAM or nowhere
+class LoadState(Enum):
+    IDLE = "idle"  # no load in flight (resident or not: ask the registry)
     FETCHING = "fetching"  # on a loader thread
-    PLACING = "placing"  # in host RAM, waiting for pages or a slot
-    RESIDENT = "resident"  # in pool pages
+    PLACING = "placing"  # in host RAM, planned, waiting for pages or a slot
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,14 @@ class AdapterLimits:
 class AdapterEntry:
     key: str
     source: AdapterSource
-    refs: int = 0  # requests holding it (queued or running): never evicted while > 0
     pinned: bool = False
     forgotten: bool = False  # unloaded by name: leave every tier once unused
-    state: AdapterState = AdapterState.COLD
+    state: LoadState = LoadState.IDLE
     last_used: float = 0.0
     load_started: float = 0.0
     load_tier: str = ""
-    pending: HostAdapter | None = None
-    waiters: list[Waiter] = field(default_factory=list)
-    pages: int = 0
+    plan: AdapterPlan | None = None  # while PLACING: the pages it will take, worked out once
+    waiters: list[Waiter] = field(default_factory=list)  # requests waiting for it to become resident
     nbytes: int = 0
     residency_mark: float = 0.0
 
@@ -86,6 +87,7 @@ class AdapterManager:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
+        self.adapters = engine.adapters  # residency, pages and references: asked, never copied
         self.fetcher = fetcher
         self.host = host
         self.limits = limits
@@ -101,36 +103,28 @@ class AdapterManager:
 
     # ----- requests' view -----------------------------------------------------------------------------
 
-    def acquire(self, key: str, source: AdapterSource, now: float) -> None:
-        """A request will use ``key``: keep it (once resident) until ``release``."""
-        entry = self._entry(key, source)
-        entry.refs += 1
-        entry.last_used = now
-
-    def release(self, key: str, now: float) -> None:
+    def request_ended(self, key: str, now: float) -> None:
+        """A request of ``key`` finished in the engine (which released its reference): idle time starts now."""
         entry = self._entries.get(key)
         if entry is None:
             return
-        entry.refs -= 1
         entry.last_used = now
         self.host.touch(key, now)
-        if entry.refs == 0:
-            self._settle(entry, now)
+        self._settle(entry, now)
 
     def is_resident(self, key: str) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.state is AdapterState.RESIDENT
+        return self.adapters.is_resident(key)
 
     def want(self, key: str, source: AdapterSource, waiter: Waiter, now: float) -> None:
         """Bring ``key`` into the pool; ``waiter`` hears how it went (at once if it is resident)."""
         entry = self._entry(key, source)
         entry.last_used = now
-        if entry.state is AdapterState.RESIDENT:
+        if self.adapters.is_resident(key):
             self.host.touch(key, now)
             waiter(None)
             return
         entry.waiters.append(waiter)
-        if entry.state is not AdapterState.COLD:
+        if entry.state is not LoadState.IDLE:
             return  # already on its way: share that load
         entry.load_started = now
         cached = self.host.get(key, now)
@@ -138,7 +132,7 @@ class AdapterManager:
             entry.load_tier = "host"
             self._queue_placement(entry, cached)
             return
-        entry.state = AdapterState.FETCHING
+        entry.state = LoadState.FETCHING
         entry.load_tier = "local" if isinstance(source, LocalSource) else "store"
         future = self._executor.submit(self.fetcher.fetch, source)
         future.add_done_callback(lambda f: self.post(lambda: self._fetched(key, f)))
@@ -157,17 +151,17 @@ class AdapterManager:
         if entry is None:
             return
         entry.forgotten, entry.pinned = True, False
-        if entry.state is AdapterState.PLACING:
+        if entry.state is LoadState.PLACING:
             self._placing.remove(key)
-            entry.pending = None
-            entry.state = AdapterState.COLD
+            entry.plan = None
+            entry.state = LoadState.IDLE
             self._fail(entry, ModelNotFound(f"adapter {key} was unloaded while it loaded", param="model"))
         self._settle(entry, now)
 
     def evict(self, key: str, now: float) -> bool:
         """Move an unused resident adapter out of the pool (it stays in host RAM); False if busy or absent."""
         entry = self._entries.get(key)
-        if entry is None or entry.state is not AdapterState.RESIDENT or entry.refs:
+        if entry is None or not self.adapters.is_resident(key) or self.adapters.in_use(key):
             return False
         self._unload(entry, "manual", now)
         return True
@@ -180,7 +174,7 @@ class AdapterManager:
         self._place_pending(now)
         for entry in list(self._entries.values()):
             idle = now - entry.last_used
-            if entry.state is AdapterState.RESIDENT and self._evictable(entry) and idle >= self.limits.pool_idle_ttl:
+            if self._evictable(entry) and idle >= self.limits.pool_idle_ttl:
                 self._unload(entry, "idle", now)
         for key in self.host.expire(now, keep=self._host_keep()):
             self.metrics.adapter_evictions.labels("host_idle").inc()
@@ -198,11 +192,7 @@ class AdapterManager:
 
     def next_deadline(self) -> float | None:
         """The earliest moment an idle TTL may expire."""
-        deadlines = [
-            e.last_used + self.limits.pool_idle_ttl
-            for e in self._entries.values()
-            if e.state is AdapterState.RESIDENT and self._evictable(e)
-        ]
+        deadlines = [e.last_used + self.limits.pool_idle_ttl for e in self._entries.values() if self._evictable(e)]
         host_expiry = self.host.next_expiry(keep=self._host_keep())
         if host_expiry is not None:
             deadlines.append(host_expiry)
@@ -226,11 +216,17 @@ class AdapterManager:
         return entry
 
     def _host_keep(self) -> set[str]:
-        """Keys host RAM must hold on to whatever their age: in use, pinned, or about to be placed."""
-        return {k for k, e in self._entries.items() if e.refs or e.pinned or e.state is AdapterState.PLACING}
+        """Keys host RAM must hold on to whatever their age: in use, wanted, pinned, or about to be placed."""
+        return {
+            k
+            for k, e in self._entries.items()
+            if e.pinned or e.waiters or e.state is LoadState.PLACING or self.adapters.in_use(k)
+        }
 
     def _evictable(self, entry: AdapterEntry) -> bool:
-        return entry.refs == 0 and not entry.pinned
+        """Resident, and neither used by a request nor pinned."""
+        key = entry.key
+        return self.adapters.is_resident(key) and not self.adapters.in_use(key) and not entry.pinned
 
     def _fetched(self, key: str, future: Future[HostAdapter]) -> None:
         now = self.clock()
@@ -250,53 +246,57 @@ class AdapterManager:
         if entry.forgotten:
             self._fetch_failed(entry, ModelNotFound(f"adapter {key} was unloaded while it loaded", param="model"), now)
             return
-        keep = {k for k, e in self._entries.items() if e.pinned or e.state is AdapterState.PLACING}
+        keep = {k for k, e in self._entries.items() if e.pinned or e.state is LoadState.PLACING}
         for evicted in self.host.put(key, adapter, now, keep=keep):
             if evicted != key:
                 self.metrics.adapter_evictions.labels("host_lru").inc()
         self._queue_placement(entry, adapter)  # even if every asker left: it was wanted, and TTLs clean up
 
     def _fetch_failed(self, entry: AdapterEntry, error: LoraplexError, now: float) -> None:
-        entry.state = AdapterState.COLD
+        entry.state = LoadState.IDLE
         self._fail(entry, error)
         self._settle(entry, now)
 
     def _queue_placement(self, entry: AdapterEntry, adapter: HostAdapter) -> None:
-        entry.state = AdapterState.PLACING
-        entry.pending = adapter
+        """Plan the adapter's pages once (refusing what this server cannot place), then queue it to be placed."""
+        try:
+            plan = self.adapters.plan(entry.key, adapter.weights)
+        except LoraplexError as exc:
+            self._fetch_failed(entry, exc, self.clock())
+            return
+        entry.state = LoadState.PLACING
+        entry.plan = plan
+        entry.nbytes = adapter.nbytes
         self._placing.append(entry.key)
 
     def _place_pending(self, now: float) -> None:
         self.placement_blocked = False
         for key in list(self._placing):
             entry = self._entries[key]
-            adapter = entry.pending
-            assert adapter is not None
-            needed = self.engine.adapter_pages_needed(adapter.weights)
-            total = self.engine.pool_stats().total_pages
-            if needed + self.limits.reserve_pages > total:
+            plan = entry.plan
+            assert plan is not None
+            total = self.engine.pool.num_pages
+            if plan.num_pages + self.limits.reserve_pages > total:
                 self._placing.remove(key)
-                entry.pending = None
+                entry.plan = None
                 error = AdapterTooLarge(
-                    f"adapter {entry.key} needs {needed} pool pages; the pool has {total}"
+                    f"adapter {entry.key} needs {plan.num_pages} pool pages; the pool has {total}"
                     f" ({self.limits.reserve_pages} kept for KV): start the server with a larger --pool-bytes",
                     param="model",
                 )
                 self._fetch_failed(entry, error, now)
                 continue
-            if not self._make_room(needed, now):
+            if not self._make_room(plan.num_pages, now):
                 self.placement_blocked = True
                 return  # first come, first placed: later ones wait behind it
             self._placing.remove(key)
-            entry.pending = None
+            entry.plan = None
             try:
-                self.engine.load_adapter(key, adapter.weights)
+                self.adapters.place(key, plan)
             except LoraplexError as exc:
                 self._fetch_failed(entry, exc, now)
                 continue
-            entry.state = AdapterState.RESIDENT
-            entry.pages = self.engine.resident_adapters()[key].num_pages
-            entry.nbytes = adapter.nbytes
+            entry.state = LoadState.IDLE
             entry.residency_mark = entry.last_used = now
             self.metrics.adapter_loads.labels(entry.load_tier).inc()
             self.metrics.adapter_load_seconds.observe(max(0.0, now - entry.load_started))
@@ -306,47 +306,44 @@ class AdapterManager:
 
     def _make_room(self, needed: int, now: float) -> bool:
         """Evict what placing ``needed`` pages takes; False (evicting nothing) while busy adapters or KV hold it."""
-        free = self.engine.pool_stats().free_pages
-        resident = sum(1 for e in self._entries.values() if e.state is AdapterState.RESIDENT)
-        slots_needed = max(0, resident + 1 - self.limits.max_resident)
+        free = self.engine.pool.num_free
+        slots_needed = max(0, len(self.adapters.resident) + 1 - self.limits.max_resident)
         pages_needed = max(0, needed + self.limits.reserve_pages - free)
         if not slots_needed and not pages_needed:
             return True
         victims = choose_victims(self._candidates(now), pages_needed, slots_needed)
         if victims is None:
             return False
-        for victim in victims:
+        for victim in victims:  # unused by definition, so every unload succeeds and frees what was counted
             self._unload(self._entries[victim], "pressure", now)
-        # An unload the engine refused (a request it has not reported finished yet) leaves the room short.
-        resident = sum(1 for e in self._entries.values() if e.state is AdapterState.RESIDENT)
-        free = self.engine.pool_stats().free_pages
-        return resident < self.limits.max_resident and free >= needed + self.limits.reserve_pages
+        return True
 
     def _candidates(self, now: float) -> list[Candidate]:
         return [
-            Candidate(e.key, e.pages, e.nbytes, now - e.last_used, e.key in self.host)
+            Candidate(e.key, self._pages(e.key), e.nbytes, now - e.last_used, e.key in self.host)
             for e in self._entries.values()
-            if e.state is AdapterState.RESIDENT and self._evictable(e)
+            if self._evictable(e)
         ]
 
+    def _pages(self, key: str) -> int:
+        adapter = self.adapters.get(key)
+        return 0 if adapter is None else adapter.num_pages
+
     def _unload(self, entry: AdapterEntry, reason: str, now: float) -> None:
-        try:
-            self.engine.unload_adapter(entry.key)
-        except AdapterInUse:  # the engine still runs a request of it (aborted, not yet reported)
-            return
         self._account(now, entry)
-        entry.state, entry.pages = AdapterState.COLD, 0
+        self.adapters.remove(entry.key)
         self.metrics.adapter_evictions.labels(reason).inc()
         self._settle(entry, now)
 
     def _settle(self, entry: AdapterEntry, now: float) -> None:
         """Finish what an unused entry owes: a forgotten one leaves the pool; a cold one with nothing left goes."""
-        if entry.refs or entry.waiters:
+        if self.adapters.in_use(entry.key) or entry.waiters:
             return
-        if entry.forgotten and entry.state is AdapterState.RESIDENT:
+        resident = self.adapters.is_resident(entry.key)
+        if entry.forgotten and resident:
             self._unload(entry, "unload", now)
             return
-        if entry.state is AdapterState.COLD and (entry.forgotten or entry.key not in self.host):
+        if not resident and entry.state is LoadState.IDLE and (entry.forgotten or entry.key not in self.host):
             self._entries.pop(entry.key, None)
 
     def _fail(self, entry: AdapterEntry, error: LoraplexError) -> None:
@@ -358,13 +355,14 @@ class AdapterManager:
         entries = [only] if only is not None else list(self._entries.values())
         with self._lock:
             for e in entries:
-                if e.state is AdapterState.RESIDENT:
-                    self._page_seconds[e.key] = self._page_seconds.get(e.key, 0.0) + e.pages * (now - e.residency_mark)
+                pages = self._pages(e.key)
+                if pages:
+                    self._page_seconds[e.key] = self._page_seconds.get(e.key, 0.0) + pages * (now - e.residency_mark)
                     e.residency_mark = now
 
     def snapshot(self) -> TierSnapshot:
         """What is where right now (engine thread; others read the copy the engine loop publishes)."""
         return TierSnapshot(
-            resident={k: e.pages for k, e in self._entries.items() if e.state is AdapterState.RESIDENT},
+            resident={name: adapter.num_pages for name, adapter in self.adapters.resident.items()},
             host=tuple(self.host.keys()),
         )

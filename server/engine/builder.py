@@ -10,14 +10,18 @@ from typing import Any
 import torch
 
 from core.errors import ConfigError
-from loraplex_kernels import KVGeometry, LoraTables, kv_cache_views
+from core.projections import NUM_PROJECTIONS
+from loraplex_kernels import KernelBackend, KVGeometry, LoraTables, kv_cache_views, select_backend
+from server.engine.adapter_turns import AdapterTurns
 from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
 from server.engine.host_memory import reuse_freed_host_memory
 from server.engine.model_runner import ModelRunner
+from server.engine.resident_adapters import ResidentAdapters
 from server.engine.sampler import Sampler
 from server.engine.scheduler import Scheduler
+from server.engine.step_buffers import StepBuffers
 from server.memory.adapter_pages import AdapterPages, row_alignment
-from server.memory.block_manager import BlockManager
+from server.memory.block_manager import BlockManager, blocks_for
 from server.memory.pool import PagePool
 from server.model.config import ModelConfig
 from server.model.llama import LlamaModel, LoraBinding
@@ -38,7 +42,7 @@ class EngineParts:
     tokenizer: Any
     eos_token_ids: tuple[int, ...]
     pool: PagePool
-    adapters: AdapterPages
+    adapters: ResidentAdapters
     scheduler: Scheduler
     runner: ModelRunner
 
@@ -76,6 +80,14 @@ def pool_pages(
     return pages
 
 
+def choose_kernels(device: torch.device, dtype: torch.dtype) -> KernelBackend:
+    """The engine's kernel backend, chosen once from the device, dtype and ``LORAPLEX_KERNELS``."""
+    try:
+        return select_backend(device, dtype)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def load_tokenizer(model_dir: str) -> Any:
     """The model directory's Hugging Face tokenizer, or None when it ships none (token-id prompts only)."""
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
@@ -89,6 +101,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)  # process-wide in torch
     device, dtype = resolve_device(config)
+    kernels = choose_kernels(device, dtype)
     if device.type == "cpu":
         reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
     model_config = ModelConfig.from_dir(config.model)
@@ -104,25 +117,40 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, model_config), dtype, device)
     shapes = model_config.base_shapes()
     row_align = row_alignment(shapes, geometry.page_elems)
-    tables = LoraTables.empty(config.max_adapters, model_config.num_layers, config.max_lora_rank, device, row_align)
-    adapters = AdapterPages(pool, tables, shapes)
+    tables = LoraTables.empty(
+        config.max_adapters,
+        model_config.num_layers,
+        config.max_lora_rank,
+        device,
+        row_align,
+        num_projections=NUM_PROJECTIONS,
+    )
+    adapters = ResidentAdapters(AdapterPages(pool, tables, shapes))
     kv_caches = [kv_cache_views(pool.arena, geometry, layer) for layer in range(model_config.num_layers)]
     lora = LoraBinding.create(pool.arena, tables, model_config)
-    model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len)
+    model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len, kernels)
     block_manager = BlockManager(pool, config.block_size, watermark_pages=int(config.watermark * pool.num_pages))
     scheduler = Scheduler(
-        block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill
+        block_manager,
+        config.max_num_batched_tokens,
+        config.max_num_seqs,
+        config.enable_chunked_prefill,
+        AdapterTurns(config.max_adapters_per_batch or config.max_adapters, config.adapter_turn_steps),
     )
-    runner = ModelRunner(model, Sampler(config.seed), adapters.slot_max_rank, config.block_size, device)
+    buffers = StepBuffers(
+        config.max_num_batched_tokens, config.max_num_seqs, blocks_for(max_model_len, config.block_size), device
+    )
+    runner = ModelRunner(model, Sampler(config.seed), adapters.slot_max_rank, config.block_size, device, buffers)
     tokenizer = load_tokenizer(config.model)
     eos = set(model_config.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
     log.info(
-        "engine: %s on %s/%s, %d pool pages of %d KiB, max_model_len %d",
+        "engine: %s on %s/%s with %s kernels, %d pool pages of %d KiB, max_model_len %d",
         model_config.model_type,
         device,
         dtype,
+        kernels.name,
         pool.num_pages,
         pool.stats().page_bytes // 1024,
         max_model_len,

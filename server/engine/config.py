@@ -25,6 +25,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     max_adapters: int = 32  # adapter slots resident at once
+    max_adapters_per_batch: int | None = None  # distinct adapters running at once; None: max_adapters
+    adapter_turn_steps: int = 64  # steps an adapter keeps admitting while another waits for the per-batch cap
     max_lora_rank: int = 64
     block_size: int = 16
     watermark: float = 0.01  # fraction of pages new prefills leave free, so decodes rarely need preemption
@@ -44,7 +46,16 @@ class EngineConfig:
             raise ConfigError("EngineConfig.gpu_memory_fraction must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("EngineConfig.max_model_len must be >= 2")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_adapters", "max_lora_rank", "block_size"):
+        if self.max_adapters_per_batch is not None and self.max_adapters_per_batch < 1:
+            raise ConfigError("EngineConfig.max_adapters_per_batch must be >= 1")
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_adapters",
+            "max_lora_rank",
+            "block_size",
+            "adapter_turn_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"EngineConfig.{name} must be >= 1")
         if self.block_size != 16:

@@ -1,33 +1,26 @@
-"""The engine a server drives: ``add_request`` / ``abort_request`` from any thread, ``step`` in a loop.
+"""The engine a server drives: ``add_request``, ``abort_request``, adapter (un)loading and ``step``.
 
-``step`` and adapter (un)loading hold one lock, so a server may call ``load_adapter`` from its event
-loop while a background thread steps: the load waits for the current step to end. ``add_request`` and
-``abort_request`` only queue work (validated first, errors raised to the caller) that the next step picks up.
+Single-threaded by design, as nano-vllm's: one thread (the server's engine loop, or an offline caller)
+makes every call, so nothing here locks. Other threads reach the engine by posting work to that thread.
+Requests are validated and queued at once (errors raised to the caller); the next ``step`` runs them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
 from core.adapter_format import AdapterWeights
 from core.errors import InvalidRequest
+from loraplex_kernels import NO_ADAPTER
 from server.engine.builder import EngineParts, build_engine_parts
 from server.engine.config import EngineConfig
 from server.engine.detokenizer import IncrementalDetokenizer
-from server.engine.errors import (
-    AdapterAlreadyLoaded,
-    AdapterInUse,
-    AdapterNotLoaded,
-    DuplicateRequest,
-    PromptTooLong,
-)
+from server.engine.errors import DuplicateRequest, PromptTooLong
 from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput, TokenLogprob
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Sequence
-from server.memory.adapter_pages import ResidentAdapter
 from server.memory.block_manager import blocks_for
 from server.memory.pool import PoolStats
 
@@ -57,17 +50,12 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.tokenizer = parts.tokenizer
         self.pool = parts.pool
-        self.adapters = parts.adapters
+        self.adapters = parts.adapters  # the one owner of residency and adapter references
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.eos_token_ids = set(parts.eos_token_ids)
-        self._lock = threading.Lock()  # held by step and adapter (un)loading
-        self._inbox_lock = threading.Lock()  # guards the inbox and adapter reference counts
-        self._new_work = threading.Event()  # set when a request or abort is queued
-        self._pending_adds: list[_Request] = []
-        self._pending_aborts: list[str] = []
         self._requests: dict[str, _Request] = {}
-        self._adapter_refs: dict[str, int] = {}
+        self._aborted: set[str] = set()  # aborted since the last step: their final output is still owed
         self._next_seq_id = 0
 
     # ----- requests -------------------------------------------------------------------------------
@@ -86,7 +74,7 @@ class LLMEngine:
         adapter: str | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Validate and queue a request; it starts in the next :meth:`step`. Thread-safe."""
+        """Validate and queue a request; it starts in the next :meth:`step`."""
         params = params or SamplingParams()
         token_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
@@ -101,34 +89,40 @@ class LLMEngine:
             raise PromptTooLong("the prompt does not fit the KV pool even alone", param="prompt")
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer; this model directory has none", param="stop")
+        if request_id in self._requests:
+            raise DuplicateRequest(f"request id {request_id!r} is already in use", param="request_id")
+        slot = self.adapters.acquire(adapter).slot if adapter is not None else NO_ADAPTER
         request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
-        with self._inbox_lock:
-            if request_id in self._requests or any(r.request_id == request_id for r in self._pending_adds):
-                raise DuplicateRequest(f"request id {request_id!r} is already in use", param="request_id")
-            if adapter is not None:
-                if adapter not in self.adapters.resident:
-                    raise AdapterNotLoaded(f"adapter {adapter!r} is not loaded", param="model")
-                self._adapter_refs[adapter] = self._adapter_refs.get(adapter, 0) + 1
-            self._pending_adds.append(request)
-        self._new_work.set()
+        self._requests[request_id] = request
+        for index in range(params.n):
+            detok = None
+            if params.detokenize and self.tokenizer is not None:
+                detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+            seq = Sequence(self._next_seq_id, request_id, index, token_ids, params, slot, detok)
+            self._next_seq_id += 1
+            request.seqs.append(seq)
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request; its final output (finish_reason ``abort``) comes from the next step. Thread-safe."""
-        with self._inbox_lock:
-            self._pending_aborts.append(request_id)
-        self._new_work.set()
+        """Stop a request now, freeing its pages; its final output (finish_reason ``abort``) comes next step."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+        self._aborted.add(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        with self._inbox_lock:
-            return bool(self._requests or self._pending_adds)
+        return bool(self._requests)
 
-    def wait_for_work(self, timeout: float | None = None) -> bool:
-        """Block a stepping thread until there is something to step (or ``timeout``); True if there is."""
-        if self.has_unfinished_requests():
-            return True
-        self._new_work.wait(timeout)
-        self._new_work.clear()
-        return self.has_unfinished_requests()
+    def hold_admissions(self, hold: bool) -> None:
+        """While held, no waiting request starts beside running ones (an adapter placement waits for their pages)."""
+        self.scheduler.hold_admissions = hold
+
+    def kv_starved(self) -> bool:
+        """Whether the last step lacked KV pages (it preempted, or the next admission cannot get its pages)."""
+        return self.scheduler.kv_starved()
 
     @property
     def num_preemptions(self) -> int:
@@ -138,26 +132,11 @@ class LLMEngine:
 
     def load_adapter(self, name: str, weights: AdapterWeights) -> int:
         """Place an adapter's weights in pool pages; returns its slot. Raises if pages or slots run out."""
-        with self._lock:
-            if name in self.adapters.resident:
-                raise AdapterAlreadyLoaded(f"adapter {name!r} is already loaded", param="lora_name")
-            return self.adapters.place(name, weights).slot
+        return self.adapters.place(name, self.adapters.plan(name, weights)).slot
 
     def unload_adapter(self, name: str) -> None:
         """Return an adapter's pages to the pool. Refused while unfinished requests use it."""
-        with self._lock, self._inbox_lock:
-            if name not in self.adapters.resident:
-                raise AdapterNotLoaded(f"adapter {name!r} is not loaded", param="lora_name")
-            if self._adapter_refs.get(name, 0):
-                raise AdapterInUse(f"{self._adapter_refs[name]} unfinished requests use adapter {name!r}")
-            self.adapters.remove(name)
-
-    def adapter_pages_needed(self, weights: AdapterWeights) -> int:
-        """Pages :meth:`load_adapter` would take, for eviction decisions before loading."""
-        return self.adapters.pages_needed(weights)
-
-    def resident_adapters(self) -> dict[str, ResidentAdapter]:
-        return dict(self.adapters.resident)
+        self.adapters.remove(name)
 
     def pool_stats(self) -> PoolStats:
         return self.pool.stats()
@@ -166,53 +145,21 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Admit queued work, run one batched forward pass, and report every request that progressed."""
-        with self._lock:
-            touched = self._drain_inbox()
-            batch = self.scheduler.schedule()
+        touched, self._aborted = self._aborted, set()
+        batch = self.scheduler.schedule()
+        now = time.monotonic()
+        for seq in batch.too_long:
+            self._finish(seq, "length")
+            touched.add(seq.request_id)
+        if not batch.is_empty:
+            results = self.runner.execute(batch)
             now = time.monotonic()
-            for seq in batch.too_long:
-                self._finish(seq, "length")
+            for item in batch.scheduled:
+                item.seq.num_computed_tokens += item.num_new_tokens
+            for seq, token_id, logprob in results:
+                self._append_token(seq, token_id, logprob, now)
                 touched.add(seq.request_id)
-            if not batch.is_empty:
-                results = self.runner.execute(batch)
-                now = time.monotonic()
-                for item in batch.scheduled:
-                    item.seq.num_computed_tokens += item.num_new_tokens
-                for seq, token_id, logprob in results:
-                    self._append_token(seq, token_id, logprob, now)
-                    touched.add(seq.request_id)
-            return self._collect(touched, now)
-
-    def _drain_inbox(self) -> set[str]:
-        with self._inbox_lock:
-            adds, self._pending_adds = self._pending_adds, []
-            aborts, self._pending_aborts = self._pending_aborts, []
-            for request in adds:
-                self._requests[request.request_id] = request
-        for request in adds:
-            slot = self.adapters.resident[request.adapter].slot if request.adapter else -1
-            for index in range(request.params.n):
-                detok = None
-                if request.params.detokenize and self.tokenizer is not None:
-                    detok = IncrementalDetokenizer(
-                        self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens
-                    )
-                seq = Sequence(
-                    self._next_seq_id, request.request_id, index, request.prompt_token_ids, request.params, slot, detok
-                )
-                self._next_seq_id += 1
-                request.seqs.append(seq)
-                self.scheduler.add(seq)
-        touched = set()
-        for request_id in aborts:
-            request = self._requests.get(request_id)
-            if request is None:
-                continue
-            for seq in request.seqs:
-                if not seq.is_finished:
-                    self._finish(seq, "abort")
-            touched.add(request_id)
-        return touched
+        return self._collect(touched, now)
 
     def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> None:
         request = self._requests[seq.request_id]
@@ -262,8 +209,7 @@ class LLMEngine:
                 request.finished_time = now
                 del self._requests[request_id]
                 if request.adapter is not None:
-                    with self._inbox_lock:
-                        self._adapter_refs[request.adapter] -= 1
+                    self.adapters.release(request.adapter)
             outputs.append(
                 RequestOutput(
                     request_id=request_id,

@@ -4,6 +4,10 @@ Every step mixes decodes (one token each) with prefill chunks. A prompt longer t
 budget is split across steps (chunked prefill). When a running sequence needs a page and none is free,
 the most recently admitted running sequence is preempted: its pages are freed and it goes back to the
 front of the waiting queue, to be recomputed from its prompt plus what it already generated.
+
+Admission is FCFS with two exceptions, both policy kept here: a sequence whose adapter must wait for a
+seat in the batch is passed over (:mod:`server.engine.adapter_turns`), and while an adapter placement
+waits for pages nothing new starts beside running sequences, so their pages come free.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from server.engine.adapter_turns import AdapterTurns
 from server.engine.sequence import Sequence, SequenceStatus
 from server.memory.block_manager import BlockManager
 
@@ -44,7 +49,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """FCFS admission, budgeted steps, LIFO preemption. Pure bookkeeping: no tensors."""
+    """FCFS admission, budgeted steps, LIFO preemption, adapters taking turns. Pure bookkeeping: no tensors."""
 
     def __init__(
         self,
@@ -52,20 +57,34 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         enable_chunked_prefill: bool = True,
+        turns: AdapterTurns | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.turns = turns or AdapterTurns(max_adapters_per_batch=1 << 30, turn_steps=1)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order; the last one is preempted first
         self.num_preemptions = 0
+        self.hold_admissions = False  # set while an adapter placement waits for pages held by running work
+        self._preempted_last_step = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def kv_starved(self) -> bool:
+        """Whether KV pages are short: the last step preempted, or the next admission cannot get its pages."""
+        if self._preempted_last_step:
+            return True
+        if not self.waiting:
+            return False
+        head = self.waiting[0]
+        chunk = min(head.num_uncomputed_tokens, self.max_num_batched_tokens)
+        return not self.block_manager.can_grow(head.block_table, chunk, admitting=True)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a sequence (finished or aborted) and free its pages."""
@@ -80,6 +99,9 @@ class Scheduler:
         """Pick this step's sequences and how many tokens of each to compute; reserve their pages."""
         budget = self.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
+        turns = self.turns
+        waiting_slots = [s.adapter_slot for s in self.waiting] if turns.needs_waiting_slots() else ()
+        turns.begin_step((s.adapter_slot for s in self.running), waiting_slots)
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -92,8 +114,13 @@ class Scheduler:
             index += 1
 
         # Admit waiting sequences only in steps that preempted nothing: pages are scarce otherwise.
-        while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs:
+        held = self.hold_admissions and bool(self.running)
+        passed_over: list[Sequence] = []  # their adapter waits for its turn; they keep their place in the queue
+        while self.waiting and budget > 0 and not held and not out.preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not turns.may_start(seq.adapter_slot):
+                passed_over.append(self.waiting.popleft())
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if num_new < seq.num_uncomputed_tokens and not self.enable_chunked_prefill:
                 break
@@ -107,8 +134,11 @@ class Scheduler:
             self.block_manager.grow(seq.block_table, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            turns.started(seq.adapter_slot)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(passed_over))
+        self._preempted_last_step = bool(out.preempted)
 
         # Stable sort: adapter slot order, FCFS within an adapter.
         out.scheduled.sort(key=lambda s: s.seq.adapter_slot)

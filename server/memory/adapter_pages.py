@@ -1,4 +1,4 @@
-"""Adapters in pool pages: pack their rows into pages, fill ``LoraTables``, manage slots.
+"""Adapters in pool pages: plan how their rows pack into pages, write them, fill ``LoraTables``, manage slots.
 
 Rows are stored unpadded (pages proportional to rank). Rows that one kernel call reads together stay
 adjacent within a page when they fit: the A rows of a fused group (q/k/v, gate/up) form one block, the
@@ -7,18 +7,18 @@ B^T rows of each projection another, so the CPU path can view them in place as o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import groupby
 
 import torch
 
-from core.adapter_format import PROJECTIONS, AdapterWeights, BaseShapes
+from core.adapter_format import AdapterWeights, BaseShapes
 from core.errors import InvalidRequest, ServiceUnavailable
-from loraplex_kernels import DOWN, GATE_UP, QKV, ROW_ALIGN, LoraTables
-from loraplex_kernels import O as O_PROJ
+from core.projections import PROJECTION_GROUPS, PROJECTIONS
+from loraplex_kernels import ROW_ALIGN, LoraTables
 from server.memory.pool import PagePool, PageUse
 
-GROUPS: tuple[tuple[int, ...], ...] = (QKV, O_PROJ, GATE_UP, DOWN)
+GROUPS: tuple[tuple[int, ...], ...] = tuple(group.indices for group in PROJECTION_GROUPS)
 
 
 class AdapterRankTooLarge(InvalidRequest):
@@ -54,17 +54,18 @@ class Placement:
     offset: int  # element offset inside the page
 
 
-@dataclass
-class ResidentAdapter:
-    name: str
-    slot: int
-    pages: list[int]
-    max_rank: int
-    ranks: dict[tuple[int, str], int] = field(default_factory=dict)
+@dataclass(frozen=True)
+class AdapterPlan:
+    """Where an adapter's rows will go, worked out once: :meth:`AdapterPages.write` places exactly this."""
+
+    weights: AdapterWeights
+    ranks: dict[tuple[int, int], int]  # (layer, projection index) -> rank
+    num_pages: int
+    placements: tuple[Placement, ...]
 
     @property
-    def num_pages(self) -> int:
-        return len(self.pages)
+    def max_rank(self) -> int:
+        return self.weights.max_rank
 
 
 def row_blocks(ranks: dict[tuple[int, int], int], shapes: BaseShapes, page_elems: int) -> list[RowBlock]:
@@ -119,35 +120,43 @@ def _ranks_of(weights: AdapterWeights) -> dict[tuple[int, int], int]:
 
 
 class AdapterPages:
-    """Resident adapters: their slots in ``LoraTables`` and their pages in the pool."""
+    """Adapter rows in pool pages and their slots in ``LoraTables``; knows nothing of names or requests."""
 
     def __init__(self, pool: PagePool, tables: LoraTables, shapes: BaseShapes) -> None:
         self.pool = pool
         self.tables = tables
         self.shapes = shapes
         self._free_slots = list(range(tables.max_slots - 1, -1, -1))
-        self.resident: dict[str, ResidentAdapter] = {}
         # Host copy of each slot's widest rank: Segments need it every step without a device sync.
         self.slot_max_rank: list[int] = [0] * tables.max_slots
 
-    def pages_needed(self, weights: AdapterWeights) -> int:
-        """Pages :meth:`place` would take for these weights."""
-        return pack_blocks(row_blocks(_ranks_of(weights), self.shapes, self.pool.page_elems), self.pool.page_elems)[0]
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
 
-    def place(self, name: str, weights: AdapterWeights) -> ResidentAdapter:
-        """Copy an adapter's rows into freshly allocated pages and publish it in a free slot."""
+    def plan(self, name: str, weights: AdapterWeights) -> AdapterPlan:
+        """Check the weights against the base model and this server's limits, then pack them into pages."""
         if weights.max_rank > self.tables.max_rank:
             raise AdapterRankTooLarge(
                 f"adapter {name!r} has rank {weights.max_rank}; this server serves ranks up to {self.tables.max_rank}",
                 param="rank",
             )
         self._check_shapes(weights)
+        ranks = _ranks_of(weights)
+        page_elems = self.pool.page_elems
+        num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, page_elems), page_elems)
+        return AdapterPlan(weights, ranks, num_pages, tuple(placements))
+
+    def write(self, plan: AdapterPlan) -> tuple[int, list[int]]:
+        """Copy a planned adapter's rows into freshly allocated pages and publish them in a free slot.
+
+        Returns ``(slot, pages)``. All or nothing: on ``NoFreeAdapterSlot`` or ``PoolExhausted`` nothing is taken.
+        """
         if not self._free_slots:
             raise NoFreeAdapterSlot(f"all {self.tables.max_slots} adapter slots are in use; unload one first")
-        ranks = _ranks_of(weights)
-        num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, self.pool.page_elems), self.pool.page_elems)
-        pages = self.pool.allocate(num_pages, PageUse.ADAPTER)
+        pages = self.pool.allocate(plan.num_pages, PageUse.ADAPTER)
         slot = self._free_slots.pop()
+        weights = plan.weights
         shape = self.tables.a_rows.shape[1:]
         a_rows = torch.zeros(shape, dtype=torch.int64)
         b_rows = torch.zeros(shape, dtype=torch.int64)
@@ -157,7 +166,7 @@ class AdapterPages:
             p = PROJECTIONS.index(proj)
             ranks_t[layer, p] = tensors.a.shape[0]
             scales[layer, p] = tensors.scale
-        for placement in placements:
+        for placement in plan.placements:
             block = placement.block
             base = pages[placement.page] * self.pool.page_elems + placement.offset
             offsets = (a_rows if block.kind == "A" else b_rows)[block.layer]
@@ -179,23 +188,14 @@ class AdapterPages:
         self.tables.ranks[slot].copy_(ranks_t.to(device))
         self.tables.scales[slot].copy_(scales.to(device))
         self.slot_max_rank[slot] = weights.max_rank
-        adapter = ResidentAdapter(
-            name=name,
-            slot=slot,
-            pages=pages,
-            max_rank=weights.max_rank,
-            ranks={key: t.a.shape[0] for key, t in weights.modules.items()},
-        )
-        self.resident[name] = adapter
-        return adapter
+        return slot, pages
 
-    def remove(self, name: str) -> None:
-        """Clear the adapter's slot and give its pages back to the pool."""
-        adapter = self.resident.pop(name)
-        self.tables.clear_slot(adapter.slot)
-        self.slot_max_rank[adapter.slot] = 0
-        self._free_slots.append(adapter.slot)
-        self.pool.release(adapter.pages, PageUse.ADAPTER)
+    def clear(self, slot: int, pages: list[int]) -> None:
+        """Clear a slot and give its pages back to the pool."""
+        self.tables.clear_slot(slot)
+        self.slot_max_rank[slot] = 0
+        self._free_slots.append(slot)
+        self.pool.release(pages, PageUse.ADAPTER)
 
     def _check_shapes(self, weights: AdapterWeights) -> None:
         for (layer, proj), t in weights.modules.items():

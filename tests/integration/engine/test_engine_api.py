@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
+from core.errors import ConfigError
 from core.tiny_model import EOS_ID, TinyModelSpec, make_tiny_model
 from server.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from server.engine.errors import AdapterInUse, AdapterNotLoaded, DuplicateRequest, PromptTooLong
@@ -150,13 +149,77 @@ def test_adapters_in_use_cannot_be_unloaded(model_dir, tmp_path):
     assert llm.engine.pool_stats().free_pages == free_before
 
 
-def test_a_stepping_thread_wakes_when_work_arrives(engine):
-    assert engine.wait_for_work(timeout=0) is False
-    woke: list[bool] = []
-    waiter = threading.Thread(target=lambda: woke.append(engine.wait_for_work(timeout=60)))
-    waiter.start()
-    engine.add_request("w", PROMPT, SamplingParams(max_tokens=2))
-    waiter.join()
-    assert woke == [True]
-    drain(engine)
-    assert engine.wait_for_work(timeout=0) is False
+def test_an_aborted_request_frees_its_pages_at_once_and_reports_next_step(engine):
+    free = engine.pool_stats().free_pages
+    engine.add_request("gone", PROMPT, SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert engine.pool_stats().free_pages < free
+    engine.abort_request("gone")
+    assert engine.pool_stats().free_pages == free and engine.has_unfinished_requests()
+    (out,) = engine.step()
+    assert out.request_id == "gone" and out.finished and out.outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+
+
+def test_kernels_are_chosen_once_when_the_engine_is_built(model_dir, monkeypatch):
+    monkeypatch.setenv("LORAPLEX_KERNELS", "torch")
+    engine = LLMEngine(EngineConfig(model=str(model_dir), pool_bytes=2 << 20, max_model_len=512))
+    kernels = engine.runner.model.kernels
+    assert kernels.name == "torch"
+    monkeypatch.setenv("LORAPLEX_KERNELS", "no-such-kernels")  # read at build only: the engine keeps serving
+    engine.add_request("r", PROMPT, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert drain(engine)[-1].outputs[0].num_tokens == 5
+    assert engine.runner.model.kernels is kernels
+    with pytest.raises(ConfigError, match="LORAPLEX_KERNELS must be one of auto, torch, triton"):
+        LLMEngine(EngineConfig(model=str(model_dir), pool_bytes=2 << 20, max_model_len=512))
+
+
+def test_steps_reuse_their_input_buffers_and_shorter_steps_see_no_stale_data(model_dir, tmp_path, monkeypatch):
+    adapter_dir = save_adapter(
+        tmp_path / "ad", model_dir, seed=5, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]
+    )
+    # A long prefill first, then decode steps of three, then two sequences (one finishes early).
+    requests = {
+        "long": ("a much longer prompt than the others, " * 4, "ad", 10),
+        "short": ("hi", None, 3),
+        "mid": (PROMPT, "ad", 10),
+    }
+    storages: list[dict[str, int]] = []
+    step_tokens: list[int] = []
+
+    def spy(prepare):
+        def prepare_and_record(batch):
+            inputs = prepare(batch)
+            tensors = {
+                "input_ids": inputs.input_ids,
+                "positions": inputs.positions,
+                "write_pages": inputs.attention.write_pages,
+                "segment_starts": inputs.segments.starts,
+                "segment_slots": inputs.segments.slots,
+                "logit_rows": inputs.logit_rows,
+                "decode_context_lens": inputs.attention.decode_context_lens,
+            }
+            storages.append({k: t.untyped_storage().data_ptr() for k, t in tensors.items() if t is not None})
+            step_tokens.append(inputs.input_ids.numel())
+            return inputs
+
+        return prepare_and_record
+
+    def run(names: list[str], record: bool = False) -> dict[str, list[int]]:
+        llm = LLM(model_dir, pool_bytes=2 << 20, max_model_len=512)
+        llm.load_adapter("ad", adapter_dir)
+        if record:
+            monkeypatch.setattr(llm.engine.runner, "prepare", spy(llm.engine.runner.prepare))
+        for name in names:
+            prompt, adapter, max_tokens = requests[name]
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            llm.engine.add_request(name, prompt, params, adapter=adapter)
+        return {out.request_id: out.outputs[0].token_ids for out in drain(llm.engine) if out.finished}
+
+    together = run(list(requests), record=True)
+    assert step_tokens[0] > 100 and step_tokens[1:4] == [3, 3, 2]
+    for key in storages[-1]:
+        assert len({s[key] for s in storages if key in s}) == 1, key  # one storage per input, every step
+    # Every request gives the tokens it gives alone in a fresh engine, whatever ran in the buffers before.
+    for name in requests:
+        assert together[name] == run([name])[name], name

@@ -37,7 +37,6 @@ CASES = {
 
 def _step_logits(engine: LLMEngine) -> tuple[torch.Tensor, list[int]]:
     """Run one scheduled step by hand: logits of every computed row and their positions."""
-    engine._drain_inbox()
     batch = engine.scheduler.schedule()
     inputs = engine.runner.prepare(batch)
     with torch.inference_mode():

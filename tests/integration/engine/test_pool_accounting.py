@@ -17,13 +17,13 @@ def test_adapter_pages_come_out_of_kv_capacity_and_go_back(tmp_path):
     assert empty.adapter_pages == 0 and empty.kv_capacity_pages == empty.total_pages == empty.free_pages
 
     llm.load_adapter("r8", r8)
-    pages_r8 = engine.resident_adapters()["r8"].num_pages
+    pages_r8 = engine.adapters.resident["r8"].num_pages
     after_r8 = engine.pool_stats()
     assert after_r8.kv_capacity_pages == empty.kv_capacity_pages - pages_r8
     assert after_r8.free_pages == empty.free_pages - pages_r8 and after_r8.adapter_pages == pages_r8
 
     llm.load_adapter("r32", r32)
-    pages_r32 = engine.resident_adapters()["r32"].num_pages
+    pages_r32 = engine.adapters.resident["r32"].num_pages
     both = engine.pool_stats()
     assert both.kv_capacity_pages == empty.kv_capacity_pages - pages_r8 - pages_r32
     assert 0.2 <= pages_r8 / pages_r32 <= 0.3  # unpadded ranks: about a quarter

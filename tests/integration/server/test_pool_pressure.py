@@ -38,7 +38,7 @@ def alone(tiny_model_dir: Path, adapter_dirs: list[Path]) -> tuple[dict[tuple[in
     tokens = {}
     for i, directory in enumerate(adapter_dirs):
         llm.load_adapter("a", directory)
-        pages = llm.engine.resident_adapters()["a"].num_pages
+        pages = llm.engine.adapters.resident["a"].num_pages
         for prompt in PROMPTS:
             (out,) = llm.generate([(prompt, "a", params)])
             tokens[(i, prompt)] = out.outputs[0].token_ids

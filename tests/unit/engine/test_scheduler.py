@@ -1,10 +1,14 @@
-"""Scheduler without a model: token budget, chunked prefill, decode-first, preemption order and resumption."""
+"""Scheduler without a model: token budget, chunked prefill, decode-first, preemption order and resumption,
+adapters taking turns under the per-batch cap, KV starvation and held admissions."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 
 from loraplex_kernels import KVGeometry
+from server.engine.adapter_turns import AdapterTurns
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
 from server.engine.sequence import Sequence, SequenceStatus
@@ -14,9 +18,16 @@ from server.memory.pool import PagePool
 GEOMETRY = KVGeometry(num_layers=1, num_kv_heads=1, head_dim=1, block_size=16)
 
 
-def make_scheduler(pages: int = 64, budget: int = 64, max_seqs: int = 16, watermark: int = 0, chunked: bool = True):
+def make_scheduler(
+    pages: int = 64,
+    budget: int = 64,
+    max_seqs: int = 16,
+    watermark: int = 0,
+    chunked: bool = True,
+    turns: AdapterTurns | None = None,
+):
     pool = PagePool(GEOMETRY, pages, torch.float32, "cpu")
-    return Scheduler(BlockManager(pool, 16, watermark), budget, max_seqs, chunked), pool
+    return Scheduler(BlockManager(pool, 16, watermark), budget, max_seqs, chunked, turns), pool
 
 
 def make_seq(seq_id: int, prompt_len: int, slot: int = -1) -> Sequence:
@@ -132,3 +143,107 @@ def test_finishing_frees_every_page():
         scheduler.finish(seq)
     assert pool.stats().kv_pages == 0 and pool.num_free == pool.num_pages
     assert not scheduler.has_unfinished()
+
+
+def run_adapters(scheduler: Scheduler, arrivals, steps: int, output_len: int = 3) -> dict[int, int]:
+    """Step a workload where ``arrivals(step)`` lists the (slot, prompt_len) of sequences arriving before that
+    step and every sequence stops after ``output_len`` tokens; returns the step each slot first ran."""
+    return run_adapters_by_step(scheduler, arrivals, steps, output_len)[0]
+
+
+def run_adapters_by_step(scheduler: Scheduler, arrivals, steps: int, output_len: int = 3):
+    """:func:`run_adapters`, plus the slots each step ran."""
+    first_run: dict[int, int] = {}
+    by_step: list[set[int]] = []
+    next_id = 0
+    for step in range(steps):
+        for slot, prompt_len in arrivals(step):
+            scheduler.add(make_seq(next_id, prompt_len, slot))
+            next_id += 1
+        out = scheduler.schedule()
+        for item in out.scheduled:
+            first_run.setdefault(item.seq.adapter_slot, step)
+        by_step.append({item.seq.adapter_slot for item in out.scheduled})
+        finish_step(out)
+        for item in out.scheduled:
+            if item.seq.num_output_tokens >= output_len:
+                scheduler.finish(item.seq)
+    return first_run, by_step
+
+
+def busy_adapter_and_a_latecomer(step: int) -> list[tuple[int, int]]:
+    """Adapter 0 gets a new request every step; adapter 1 sends one at step 2; the base model one at step 3."""
+    return [(0, 4)] + [(1, 4)] * (step == 2) + [(-1, 4)] * (step == 3)
+
+
+def test_a_waiting_adapter_gets_its_turn_within_a_bounded_number_of_steps():
+    turn_steps, output_len = 5, 3
+    scheduler, _ = make_scheduler(max_seqs=64, turns=AdapterTurns(max_adapters_per_batch=1, turn_steps=turn_steps))
+    first_run, by_step = run_adapters_by_step(scheduler, busy_adapter_and_a_latecomer, 40, output_len)
+    assert first_run[-1] == 3  # the base model never waits for a seat
+    # Adapter 0's turn ends turn_steps after it started; its running sequences need output_len more steps.
+    assert 2 < first_run[1] <= turn_steps + output_len + 1
+    assert all(len(slots - {-1}) <= 1 for slots in by_step)  # never two adapters in one batch
+    # Adapter 1's one request done, adapter 0 takes the seat back: its requests waited, none was lost.
+    assert 0 in by_step[-1] and not any(s.adapter_slot == 1 for s in scheduler.waiting + deque(scheduler.running))
+
+
+def test_without_turns_a_busy_adapter_keeps_the_only_seat():
+    """The starvation the turns prevent: with turns that never end, adapter 1 never runs."""
+    scheduler, _ = make_scheduler(max_seqs=64, turns=AdapterTurns(max_adapters_per_batch=1, turn_steps=10_000))
+    first_run = run_adapters(scheduler, busy_adapter_and_a_latecomer, steps=40)
+    assert 1 not in first_run and first_run[-1] == 3
+
+
+def test_adapters_take_turns_in_the_order_they_started_waiting():
+    def three_busy_adapters(step: int) -> list[tuple[int, int]]:
+        return [(slot, 4) for slot in (0, 1, 2) if step >= slot]
+
+    turns = AdapterTurns(max_adapters_per_batch=1, turn_steps=3)
+    scheduler, _ = make_scheduler(max_seqs=64, turns=turns)
+    first_run = run_adapters(scheduler, three_busy_adapters, steps=60)
+    assert first_run[0] == 0 and first_run[0] < first_run[1] < first_run[2] <= 2 * (3 + 3 + 1)
+    ran: list[int] = []
+    for _ in range(60):  # keep going: the seat keeps rotating through all three
+        for slot in (0, 1, 2):
+            scheduler.add(make_seq(1000 + len(ran) * 3 + slot, 4, slot))
+        out = scheduler.schedule()
+        ran += [item.seq.adapter_slot for item in out.scheduled]
+        finish_step(out)
+        for item in out.scheduled:
+            if item.seq.num_output_tokens >= 3:
+                scheduler.finish(item.seq)
+        assert len({item.seq.adapter_slot for item in out.scheduled}) <= 1
+    assert set(ran) == {0, 1, 2}
+
+
+def test_the_cap_counts_distinct_adapters_and_leaves_free_seats_open():
+    scheduler, _ = make_scheduler(turns=AdapterTurns(max_adapters_per_batch=2, turn_steps=1))
+    for i, slot in enumerate((0, 0, 1, 2, 1)):
+        scheduler.add(make_seq(i, 4, slot))
+    out = scheduler.schedule()
+    assert plan(out) == [(0, 4), (1, 4), (2, 4), (4, 4)]  # adapter 2 waits; its place in the queue is kept
+    assert [s.seq_id for s in scheduler.waiting] == [3]
+
+
+def test_kv_starvation_is_reported_by_the_scheduler():
+    scheduler, _ = make_scheduler(pages=4, budget=64, watermark=1)
+    assert not scheduler.kv_starved()
+    scheduler.add(make_seq(0, 40))  # 3 pages
+    finish_step(scheduler.schedule())
+    assert not scheduler.kv_starved()
+    scheduler.add(make_seq(1, 20))  # 2 pages (+1 watermark) while 1 is free
+    assert scheduler.kv_starved()
+
+
+def test_held_admissions_start_nothing_beside_running_work():
+    scheduler, _ = make_scheduler()
+    scheduler.hold_admissions = True
+    scheduler.add(make_seq(0, 4))
+    out = scheduler.schedule()
+    assert plan(out) == [(0, 4)]  # nothing runs, so holding would only stall: it starts
+    finish_step(out)
+    scheduler.add(make_seq(1, 4))
+    assert plan(scheduler.schedule()) == [(0, 1)]  # held while sequence 0 runs
+    scheduler.hold_admissions = False
+    assert (1, 4) in plan(scheduler.schedule())
