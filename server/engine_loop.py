@@ -178,8 +178,9 @@ class EngineLoop:
                 now = self.clock()
                 self._drain_inbox()
                 manager.tick(now)
+                # A placement waiting for pages gets them as running requests finish: start nothing new meanwhile.
+                self.engine.hold_admissions(manager.placement_blocked)
                 self._publish()
-                self._admit()
                 if self.engine.has_unfinished_requests():
                     self._step()
                 else:
@@ -218,22 +219,27 @@ class EngineLoop:
     def _on_submit(self, ticket: Ticket) -> None:
         manager = self.manager
         assert manager is not None
-        self._pending.append(ticket)  # first: ``want`` may answer at once
-        if ticket.adapter is not None:
-            key, source = ticket.adapter.key, ticket.adapter.source
-            ticket.cold_start = not manager.is_resident(key)
-            manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock())
+        self._pending.append(ticket)
+        if ticket.adapter is None:
+            self._admit(ticket)
+            return
+        key, source = ticket.adapter.key, ticket.adapter.source
+        ticket.cold_start = not manager.is_resident(key)
+        # ``want`` answers at once when the adapter is resident, else once it is placed (or cannot be).
+        manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock())
 
     def _adapter_ready(self, ticket: Ticket, error: LoraplexError | None) -> None:
-        if error is None:
-            if ticket.cold_start and ticket.adapter_ready_at is None:
-                ticket.adapter_ready_at = self.clock()
-            self._wake.set()
-        else:
-            if ticket.adapter is not None:
-                self._adapter_failed(ticket.adapter, error)
-            if ticket in self._pending:
-                self._drop_pending(ticket, error)
+        if error is not None and ticket.adapter is not None:
+            self._adapter_failed(ticket.adapter, error)
+        if ticket not in self._pending:
+            return  # the client left while the adapter loaded
+        if error is not None:
+            self._drop_pending(ticket, error)
+            return
+        if ticket.cold_start and ticket.adapter_ready_at is None:
+            ticket.adapter_ready_at = self.clock()
+        self._admit(ticket)
+        self._wake.set()
 
     def _adapter_failed(self, adapter: KnownAdapter, error: LoraplexError) -> None:
         if self.on_adapter_error is not None:
@@ -251,30 +257,25 @@ class EngineLoop:
             self._waiting -= 1
         ticket.admit(error)
 
-    def _admit(self) -> None:
-        """Move queued requests whose adapters are resident into the engine; its scheduler decides when they run.
-
-        Once in the engine a request holds its adapter, so nothing evicts it before the request ends.
-        """
-        manager = self.manager
-        assert manager is not None
-        # A placement waiting for pages gets them as running requests finish: start nothing new meanwhile.
-        self.engine.hold_admissions(manager.placement_blocked)
-        for ticket in list(self._pending):
-            key = ticket.adapter_key
-            if key is not None and not manager.is_resident(key):
-                continue
-            try:
-                self.engine.add_request(
-                    ticket.request_id, ticket.prompt_token_ids, ticket.params, key, arrival_time=ticket.arrival
-                )
-            except LoraplexError as exc:
-                self._drop_pending(ticket, exc)
-                continue
-            self._pending.remove(ticket)
-            self._admitted[ticket.request_id] = ticket
-            self.metrics.prompt_tokens.inc(len(ticket.prompt_token_ids))
-            ticket.admit()
+    def _admit(self, ticket: Ticket) -> None:
+        """Hand a request whose adapter is resident (or that has none) to the engine; its scheduler decides
+        when it runs. Done in the same turn the adapter is found resident: from then on the request holds
+        the adapter in the engine, so no placement can evict it first."""
+        try:
+            self.engine.add_request(
+                ticket.request_id,
+                ticket.prompt_token_ids,
+                ticket.params,
+                ticket.adapter_key,
+                arrival_time=ticket.arrival,
+            )
+        except LoraplexError as exc:
+            self._drop_pending(ticket, exc)
+            return
+        self._pending.remove(ticket)
+        self._admitted[ticket.request_id] = ticket
+        self.metrics.prompt_tokens.inc(len(ticket.prompt_token_ids))
+        ticket.admit()
 
     def _step(self) -> None:
         manager = self.manager
