@@ -10,6 +10,7 @@ from typing import Any
 from core.adapter_format import BaseShapes
 from core.errors import ConfigError
 from core.model_sizes import ModelSizes
+from core.model_source import resolve_model_dir
 from core.settings import Settings
 
 
@@ -33,8 +34,9 @@ class BaseModelInfo:
 def load_base_model(settings: Settings) -> BaseModelInfo:
     """Read the base model's config once; a missing or unreadable one is a configuration error."""
     if settings.base_model is None or settings.model_name is None:
-        raise ConfigError("LORAPLEX_BASE_MODEL is not set: point it at the base model directory")
-    config_path = settings.base_model / "config.json"
+        raise ConfigError("LORAPLEX_BASE_MODEL is not set: point it at the base model directory or hub id")
+    path = resolve_model_dir(settings.base_model, setting="LORAPLEX_BASE_MODEL")
+    config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text())
         created = int(config_path.stat().st_mtime)
@@ -44,6 +46,4 @@ def load_base_model(settings: Settings) -> BaseModelInfo:
         shapes = ModelSizes.from_hf_config(config).base_shapes()
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{config_path} (LORAPLEX_BASE_MODEL) is not a Llama-family config: {exc!r}") from exc
-    return BaseModelInfo(
-        name=settings.model_name, path=settings.base_model, config=config, shapes=shapes, created=created
-    )
+    return BaseModelInfo(name=settings.model_name, path=path, config=config, shapes=shapes, created=created)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import ConfigError
+from core.model_source import default_model_name
 
 ENV_PREFIX = "LORAPLEX_"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -33,8 +35,12 @@ class Settings(BaseSettings):
     s3_secure: bool = Field(default=False, description="Use HTTPS to reach S3.")
     s3_region: str | None = None
 
-    base_model: Path | None = Field(default=None, description="Directory of the shared base model.")
-    base_model_name: str | None = Field(default=None, description="Public name of the base model; default dir name.")
+    base_model: str | None = Field(
+        default=None, description="Base model: a directory or a Hugging Face hub id org/name[@revision]."
+    )
+    base_model_name: str | None = Field(
+        default=None, description="Public name of the base model; default: the hub id without revision, or dir name."
+    )
 
     admin_key: SecretStr | None = Field(default=None, description="Bearer key for /admin routes.")
     internal_token: SecretStr | None = Field(default=None, description="Shared secret between API and servers.")
@@ -57,10 +63,17 @@ class Settings(BaseSettings):
     upstream_read_timeout_s: float = Field(default=600.0, gt=0, description="Silence tolerated from a replica.")
     upstream_attempts: int = Field(default=3, ge=1, le=10, description="Replicas tried before a request fails.")
 
-    @field_validator("data_dir", "storage_dir", "base_model", mode="after")
+    @field_validator("data_dir", "storage_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @field_validator("base_model", mode="before")
+    @classmethod
+    def _model_source(cls, value: object) -> object:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        return (value.strip() or None) if isinstance(value, str) else value
 
     @field_validator("database_url", "redis_url", "s3_endpoint", "base_model_name", mode="before")
     @classmethod
@@ -106,7 +119,7 @@ class Settings(BaseSettings):
         """Public name of the base model (what clients pass as ``model``)."""
         if self.base_model_name:
             return self.base_model_name
-        return self.base_model.name if self.base_model else None
+        return default_model_name(self.base_model) if self.base_model else None
 
 
 def load_settings(**overrides: object) -> Settings:

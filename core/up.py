@@ -23,12 +23,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from core.errors import ConfigError
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
+from core.model_source import resolve_model_dir
 from core.settings import Settings
 
 console = Console(stderr=True)
 RESTART_WINDOW_S = 60.0
 MAX_RESTARTS_IN_WINDOW = 5
+CONFIG_ERROR_EXIT = 2  # our commands exit 2 on a configuration error: restarting cannot help
 
 
 def _secret_file(path: Path) -> str:
@@ -85,13 +88,17 @@ class Platform:
     def api_url(self) -> str:
         return f"http://{LOOPBACK}:{self.api_port}"
 
-    def child_env(self, redis_url: str, base_model: Path, admin_key: str, internal_token: str) -> dict[str, str]:
+    def child_env(
+        self, redis_url: str, base_model: Path, base_name: str, admin_key: str, internal_token: str
+    ) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             {
                 "LORAPLEX_DATA_DIR": str(self.settings.data_dir),
                 "LORAPLEX_REDIS_URL": redis_url,
+                # The directory resolved once here (a hub id's snapshot), so every child uses the same files.
                 "LORAPLEX_BASE_MODEL": str(base_model),
+                "LORAPLEX_BASE_MODEL_NAME": base_name,
                 "LORAPLEX_ADMIN_KEY": admin_key,
                 "LORAPLEX_INTERNAL_TOKEN": internal_token,
                 "LORAPLEX_API_HOST": LOOPBACK,
@@ -162,14 +169,21 @@ def _check_child(child: Child, env: dict[str, str], logs: Path, say: Callable[[s
         return
     if not child.process.alive():
         code = child.process.proc.returncode if child.process.proc else None
+        last_words = child.process.log_tail(1).strip() or "(no output)"
+        log = f"{logs / child.name}.log"
+        if code == CONFIG_ERROR_EXIT:
+            child.state = "failed"
+            child.process = None
+            say(f"[red]{child.name} cannot start: {last_words}\nFix that and run `loraplex up` again. Log: {log}")
+            return
         now = time.monotonic()
         child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
         if len(child.restarts) > MAX_RESTARTS_IN_WINDOW:
             child.state = "failed"
             child.process = None
-            say(f"[red]{child.name} keeps crashing (exit {code}); giving up. Log: {logs / child.name}.log")
+            say(f"[red]{child.name} keeps crashing (exit {code}): {last_words}\nGiving up. Log: {log}")
             return
-        say(f"[yellow]{child.name} exited with {code}; restarting")
+        say(f"[yellow]{child.name} exited with {code}: {last_words}; restarting")
         child.start(env, logs)
     elif child.state == "starting" and child.healthy():
         child.state = "running"
@@ -187,7 +201,7 @@ def _shutdown(platform: Platform) -> None:
 def up(
     settings: Settings,
     *,
-    base_model: Path | None,
+    base_model: str | None,
     api_port: int,
     server_port: int | None,
 ) -> None:
@@ -198,16 +212,23 @@ def up(
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
-    model = base_model or settings.base_model
-    if model is None:
-        model = data_dir / "models" / "tiny-llama"
-        if not (model / "config.json").exists():
-            console.print(f"no base model configured: making the tiny one in {model}")
-            make_tiny_model(model)
+    source = base_model or settings.base_model
+    if source is None:
+        tiny = data_dir / "models" / "tiny-llama"
+        if not (tiny / "config.json").exists():
+            console.print(f"no base model configured: making the tiny one in {tiny}")
+            make_tiny_model(tiny)
+        source = str(tiny)
+    try:
+        model = resolve_model_dir(source, setting="--base-model / LORAPLEX_BASE_MODEL")
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
     if not (model / "config.json").exists():
         console.print(f"[red]error:[/red] {model} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
         raise typer.Exit(2)
-    settings = settings.model_copy(update={"base_model": model})
+    settings = settings.model_copy(update={"base_model": source})
+    assert settings.model_name is not None
     if settings.db_url.startswith("sqlite"):
         db.upgrade(settings.db_url)
 
@@ -222,7 +243,7 @@ def up(
             platform.redis = start_redis(data_dir / "redis", persist=True)
             redis_url = platform.redis.url
             console.print(f"redis running (pid {platform.redis.process.pid})")
-        env = platform.child_env(redis_url, model, admin_key, internal)
+        env = platform.child_env(redis_url, model, settings.model_name, admin_key, internal)
         exe = [sys.executable, "-m", "core"]
         server_url = f"http://{LOOPBACK}:{platform.server_port}"
         platform.children = [
@@ -257,7 +278,11 @@ def register(app: typer.Typer) -> None:
     @app.command("up")
     def up_cmd(
         base_model: Annotated[
-            Path | None, typer.Option(help="Hugging Face Llama-family model directory (default: a tiny one).")
+            str | None,
+            typer.Option(
+                help="Llama-family model: a directory or a Hugging Face hub id org/name[@revision] "
+                "(default: a tiny one)."
+            ),
         ] = None,
         data_dir: Annotated[Path | None, typer.Option(help="Where embedded state lives (LORAPLEX_DATA_DIR).")] = None,
         port: Annotated[int | None, typer.Option(help="API port (LORAPLEX_API_PORT).")] = None,

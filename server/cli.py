@@ -16,13 +16,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command("server")
     def server_cmd(
-        model: Annotated[Path, typer.Option(help="Hugging Face Llama-family model directory.")],
+        model: Annotated[
+            str,
+            typer.Option(help="Llama-family model: a directory or a Hugging Face hub id org/name[@revision]."),
+        ],
         host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
         served_model_name: Annotated[
             str | None,
             typer.Option(
-                help="Name clients use for the base model (default: LORAPLEX_BASE_MODEL_NAME, else the directory name)."
+                help="Name clients use for the base model (default: LORAPLEX_BASE_MODEL_NAME, else the hub id "
+                "without revision or the directory name)."
             ),
         ] = None,
         pool_bytes: Annotated[
@@ -72,6 +76,7 @@ def register(app: typer.Typer) -> None:
 
         from core.cli import console, settings_or_exit
         from core.errors import ConfigError
+        from core.model_source import default_model_name, resolve_model_dir
         from core.storage import open_store
         from server.config import ServerConfig, random_replica_id
         from server.http import create_app
@@ -80,8 +85,8 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             config = ServerConfig(
-                model=model,
-                served_model_name=served_model_name or settings.base_model_name,
+                model=resolve_model_dir(model, setting="--model"),
+                served_model_name=served_model_name or settings.base_model_name or default_model_name(model),
                 host=host,
                 port=port,
                 pool_bytes=pool_bytes,
@@ -109,5 +114,27 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             console.print(f"[red]error:[/red] {exc.message}")
             raise typer.Exit(2) from None
-        app_ = create_app(config, store=open_store(settings))
-        uvicorn.run(app_, host=host, port=port, log_level=settings.log_level, timeout_graceful_shutdown=10)
+        failures: list[Exception] = []
+
+        def engine_failed(exc: Exception) -> None:
+            failures.append(exc)
+            server.should_exit = True  # uvicorn's loop checks it a few times a second
+
+        app_ = create_app(config, store=open_store(settings), on_engine_failure=engine_failed)
+        server = uvicorn.Server(
+            uvicorn.Config(app_, host=host, port=port, log_level=settings.log_level, timeout_graceful_shutdown=10)
+        )
+        server.run()
+        if failures:
+            # Exit so a supervisor (`loraplex up`, systemd, Kubernetes) learns why; 2: fix the configuration.
+            exc = failures[0]
+            console.print(f"[red]error:[/red] the engine failed to start: {_describe(exc)}")
+            raise typer.Exit(2 if isinstance(exc, ConfigError) else 1)
+        if not server.started:
+            raise typer.Exit(3)  # uvicorn could not start (e.g. the port is taken); it logged why
+
+
+def _describe(exc: Exception) -> str:
+    from core.errors import LoraplexError
+
+    return exc.message if isinstance(exc, LoraplexError) else f"{type(exc).__name__}: {exc}"

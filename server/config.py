@@ -21,8 +21,8 @@ def random_replica_id() -> str:
 class ServerConfig:
     """One base model served over HTTP with adapters in three tiers."""
 
-    model: Path
-    served_model_name: str | None = None  # default: LORAPLEX_BASE_MODEL_NAME, else the model directory's name
+    model: Path  # a local directory (`loraplex server` resolves hub ids with core.model_source first)
+    served_model_name: str | None = None  # the CLI sets it; None: the model directory's name
     host: str = "127.0.0.1"
     port: int = 8001
     pool_bytes: int | None = None

@@ -1,8 +1,9 @@
 """The inference server's HTTP surface: OpenAI-compatible generation, vLLM-compatible adapter loading, probes.
 
 The engine is built on a background thread when the app starts, so ``/health`` answers at once while
-weights load; ``/ready`` turns 200 once the engine thread is stepping. Every route but ``/health``
-needs the internal token when one is configured.
+weights load; ``/ready`` turns 200 once the engine thread is stepping. If the engine cannot start, the
+app calls ``on_engine_failure`` (``loraplex server`` then exits non-zero) and answers 503 until it is
+stopped. Every route but ``/health`` needs the internal token when one is configured.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -35,10 +36,17 @@ LOADING_RETRY_S = 5.0
 class RuntimeHolder:
     """Builds the runtime off the event loop and hands it out once ready."""
 
-    def __init__(self, config: ServerConfig, metrics: ServerMetrics, store: ObjectStore | None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        store: ObjectStore | None,
+        on_failure: Callable[[Exception], None] | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.store = store
+        self.on_failure = on_failure
         self.runtime: ServerRuntime | None = None
         self.service: CompletionService | None = None
         self.error: Exception | None = None
@@ -55,6 +63,8 @@ class RuntimeHolder:
         except Exception as exc:
             log.exception("the engine failed to start")
             self.error = exc
+            if self.on_failure is not None:
+                self.on_failure(exc)
             return
         with self._lock:
             if self._closed:
@@ -84,10 +94,16 @@ class RuntimeHolder:
             runtime.close()
 
 
-def create_app(config: ServerConfig, *, store: ObjectStore | None = None) -> FastAPI:
-    """The server app for ``config``; ``store`` is where descriptors point (None: descriptors are refused)."""
+def create_app(
+    config: ServerConfig,
+    *,
+    store: ObjectStore | None = None,
+    on_engine_failure: Callable[[Exception], None] | None = None,
+) -> FastAPI:
+    """The server app for ``config``; ``store`` is where descriptors point (None: descriptors are refused);
+    ``on_engine_failure`` is called (on the build thread) with the error when the engine cannot start."""
     metrics = ServerMetrics()
-    holder = RuntimeHolder(config, metrics, store)
+    holder = RuntimeHolder(config, metrics, store, on_engine_failure)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -1,4 +1,5 @@
-"""``loraplex train``: train a LoRA adapter from a JSONL file on a local base model, with a progress bar."""
+"""``loraplex train``: train a LoRA adapter from a JSONL file on a base model (directory or hub id), with a
+progress bar."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("train")
     def train_cmd(
-        model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Base model directory.")],
+        model: Annotated[
+            str, typer.Option(help="Base model: a directory or a Hugging Face hub id org/name[@revision].")
+        ],
         data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="Training JSONL.")],
         out: Annotated[Path, typer.Option(help="Directory to write the adapter into.")],
         validation: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Validation JSONL.")] = None,
@@ -35,7 +38,9 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
         from transformers.utils import logging as transformers_logging
 
+        from core.errors import ConfigError
         from core.hyperparameters import Hyperparameters
+        from core.model_source import default_model_name, resolve_model_dir
         from trainer.errors import InvalidTrainingData, TrainingCancelled
         from trainer.train import TrainingRequest, train_adapter
 
@@ -58,8 +63,17 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()):
             console.print(f"[red]error:[/red] {out} is not empty; give a new directory")
             raise typer.Exit(2)
+        try:
+            model_dir = resolve_model_dir(model, setting="--model")
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc.message}")
+            raise typer.Exit(2) from None
+        if not model_dir.is_dir():
+            console.print(f"[red]error:[/red] --model {model} is not a directory")
+            raise typer.Exit(2)
         request = TrainingRequest(
-            base_model_dir=model,
+            base_model_dir=model_dir,
+            base_model_name=default_model_name(model),
             training_file=data,
             output_dir=out,
             hyperparameters=hyperparameters,

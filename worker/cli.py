@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
 
         settings = settings_or_exit()
         if settings.model_name is None:
-            console.print("[red]error:[/red] LORAPLEX_BASE_MODEL is not set: point it at the base model directory")
+            console.print("[red]error:[/red] LORAPLEX_BASE_MODEL is not set: give a model directory or hub id")
             raise typer.Exit(2)
         try:
             options = WorkerOptions(

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from core.db import make_engine
 from core.errors import ConfigError
+from core.model_source import resolve_model_dir
 from core.settings import Settings
 from core.storage import ObjectStore, open_store
 from trainer.manifest import BaseModelFingerprint, fingerprint_base_model
@@ -47,11 +48,11 @@ class WorkerRuntime:
 
     def __init__(self, settings: Settings, celery: Celery, options: WorkerOptions) -> None:
         if settings.base_model is None or settings.model_name is None:
-            raise ConfigError("LORAPLEX_BASE_MODEL is not set: a worker trains adapters for one base model directory")
+            raise ConfigError("LORAPLEX_BASE_MODEL is not set: a worker trains adapters for one base model")
         self.settings = settings
         self.celery = celery
         self.options = options
-        self.base_model_dir = settings.base_model
+        self.base_model_dir = resolve_model_dir(settings.base_model, setting="LORAPLEX_BASE_MODEL")
         self.base_model_name: str = settings.model_name
         self._engine: Engine | None = None
         self._store: ObjectStore | None = None

@@ -1,10 +1,14 @@
 """``loraplex server`` as the platform runs it: a separate process configured by ``LORAPLEX_*`` (S3, Redis,
 internal token), registering itself in Redis, metering adapter residency, taking the control plane's
-prefetch and unload calls, and deregistering when stopped."""
+prefetch and unload calls, and deregistering when stopped; and exiting with the reason when its engine cannot
+start, so that a supervisor learns why."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,6 +94,22 @@ def test_the_server_command_registers_meters_and_deregisters(
     finally:
         process.stop()
     assert client.get(replica_key(replica)) is None, process.log_tail()
+
+
+def test_a_server_whose_engine_cannot_start_exits_naming_the_problem(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "odd-model"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+    env.update({"LORAPLEX_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1", "COLUMNS": "250"})
+    argv = [
+        sys.executable, "-m", "core", "server", "--model", str(model), "--host", LOOPBACK,
+        "--port", str(free_port()), "--pool-bytes", str(4 << 20), "--threads", "1",
+    ]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, output  # a configuration error: restarting it would not help
+    assert "error: the engine failed to start: model_type 'gpt_neox'" in output
 
 
 def _ready(url: str) -> bool:

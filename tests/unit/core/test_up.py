@@ -1,0 +1,41 @@
+"""``loraplex up`` supervising its children: one that exits with a configuration error (exit 2) is given up at
+once with its last words shown; one that crashes otherwise is restarted, saying why."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from core.up import Child, _check_child
+
+
+def exited(child: Child, env: dict[str, str], logs: Path) -> Child:
+    child.start(env, logs)
+    assert child.process is not None and child.process.proc is not None
+    child.process.proc.wait(timeout=60)
+    return child
+
+
+def test_a_child_with_a_configuration_error_is_not_restarted_and_says_why(tmp_path: Path) -> None:
+    env, said = dict(os.environ), list[str]()
+    script = "import sys; print('error: the engine failed to start: model_type gpt_neox is not served'); sys.exit(2)"
+    server = exited(Child("server", [sys.executable, "-c", script]), env, tmp_path)
+
+    _check_child(server, env, tmp_path, said.append)
+    assert server.state == "failed" and server.process is None and server.restarts == []
+    assert "server cannot start: error: the engine failed to start: model_type gpt_neox is not served" in said[-1]
+    assert str(tmp_path / "server.log") in said[-1]
+
+
+def test_a_crashed_child_is_restarted_naming_its_last_words(tmp_path: Path) -> None:
+    env, said = dict(os.environ), list[str]()
+    worker = exited(Child("worker", [sys.executable, "-c", "raise SystemExit('lost the database')"]), env, tmp_path)
+
+    _check_child(worker, env, tmp_path, said.append)
+    try:
+        assert said[-1] == "[yellow]worker exited with 1: lost the database; restarting"
+        assert worker.process is not None and len(worker.restarts) == 1
+    finally:
+        assert worker.process is not None
+        worker.process.stop()
