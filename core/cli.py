@@ -65,19 +65,36 @@ def make_tiny_model_cmd(
     kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 2,
     intermediate: Annotated[int | None, typer.Option(help="MLP width (default 8/3 * hidden).")] = None,
     seed: Annotated[int, typer.Option(help="Weight seed; same arguments give identical files.")] = 0,
+    family: Annotated[str, typer.Option(help="llama, mistral, qwen2 (q/k/v biases) or qwen3 (q/k norms).")] = "llama",
+    head_dim: Annotated[
+        int | None, typer.Option(help="Head width (default hidden/heads; qwen3: twice that, as Qwen3 does).")
+    ] = None,
+    sliding_window: Annotated[
+        int | None,
+        typer.Option(help="mistral/qwen2/qwen3: a window that binds (qwen: upper half of the layers). Default: none."),
+    ] = None,
 ) -> None:
-    """Write a small random-init Llama with a byte-level tokenizer (for tests and trying things out)."""
+    """Write a small random-init Llama-family model with a byte-level tokenizer (for tests and trying things out)."""
     from core.tiny_model import TinyModelSpec, make_tiny_model
 
     try:
         spec = TinyModelSpec(
-            hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate, seed=seed
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads,
+            intermediate=intermediate,
+            seed=seed,
+            family=family,
+            head_dim=head_dim,
+            sliding_window=sliding_window,
         )
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     path = make_tiny_model(out_dir, spec)
-    console.print(f"wrote tiny Llama to {path}")
+    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    console.print(f"wrote tiny {name} to {path}")
 
 
 @db_app.command("upgrade")
@@ -201,4 +218,5 @@ def main() -> None:
         app()
     except LoraplexError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
-        sys.exit(2 if exc.status_code < 500 else 1)
+        # 2: the request or configuration is wrong (retrying will not help); 1: anything else.
+        sys.exit(2 if exc.status_code < 500 or isinstance(exc, ConfigError) else 1)

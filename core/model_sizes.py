@@ -15,7 +15,7 @@ from core.adapter_format import BaseShapes
 
 @dataclass(frozen=True)
 class ModelSizes:
-    """Layer count and widths of a Llama-family decoder (Llama, Mistral, Qwen2)."""
+    """Layer count and widths of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
 
     num_layers: int
     hidden_size: int

@@ -1,4 +1,4 @@
-"""A small random-init Llama and a byte-level tokenizer, written byte-identically for the same arguments.
+"""A small random-init Llama-family model and a byte-level tokenizer, written byte-identically for the same arguments.
 
 Tests and the embedded `loraplex up` need a base model without a model hub. Weights come from our own
 seeded generator in a fixed order (not from `transformers` init, whose order and defaults change
@@ -17,6 +17,7 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 BYTE_OFFSET = len(SPECIAL_TOKENS)  # token id of byte b is b + BYTE_OFFSET
 VOCAB_SIZE = BYTE_OFFSET + 256
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
 
 # Loss is computed on what the assistant says, so the template marks it with {% generation %} for
 # `return_assistant_tokens_mask`; every turn ends with </s> so generation stops where training did.
@@ -35,7 +36,7 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny Llama; defaults give about 0.5M parameters."""
+    """Shape and family of the tiny model; defaults give a Llama of about 0.5M parameters."""
 
     hidden: int = 128
     layers: int = 2
@@ -45,8 +46,19 @@ class TinyModelSpec:
     seed: int = 0
     initializer_range: float = 0.1
     max_position_embeddings: int = 2048
+    family: str = "llama"
+    head_dim: int | None = None  # default hidden / heads; for qwen3 twice that, as in Qwen3-0.6B
+    # mistral, qwen2, qwen3: a window that matters (qwen: on the upper half of the layers, via max_window_layers);
+    # None writes the fields as their released configs do, with a window that never binds.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"--family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            raise ValueError(f"--head-dim must be an even number >= 2, got {self.head_dim}")
+        if self.sliding_window is not None and (self.family == "llama" or self.sliding_window < 1):
+            raise ValueError("--sliding-window takes a positive number of tokens, for mistral, qwen2 and qwen3")
         if self.hidden % self.heads:
             raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads})")
         if self.heads % self.kv_heads:
@@ -60,9 +72,15 @@ class TinyModelSpec:
             return self.intermediate
         return int(math.ceil(self.hidden * 8 / 3 / 64) * 64)
 
+    @property
+    def head_size(self) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return self.hidden // self.heads * (2 if self.family == "qwen3" else 1)
+
     def config(self) -> dict:
-        """The `config.json` a `LlamaForCausalLM` loads."""
-        return {
+        """The `config.json` the family's transformers class (e.g. `LlamaForCausalLM`) loads."""
+        llama = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "attention_bias": False,
@@ -70,7 +88,7 @@ class TinyModelSpec:
             "bos_token_id": BOS_ID,
             "eos_token_id": EOS_ID,
             "pad_token_id": PAD_ID,
-            "head_dim": self.hidden // self.heads,
+            "head_dim": self.head_size,
             "hidden_act": "silu",
             "hidden_size": self.hidden,
             "initializer_range": self.initializer_range,
@@ -88,14 +106,45 @@ class TinyModelSpec:
             "use_cache": True,
             "vocab_size": VOCAB_SIZE,
         }
+        if self.family == "llama":
+            return llama
+        del llama["attention_bias"], llama["mlp_bias"]
+        window = self.sliding_window
+        if self.family == "mistral":  # as Mistral-7B-v0.3, with a window as long as the context
+            return {
+                **llama,
+                "architectures": ["MistralForCausalLM"],
+                "model_type": "mistral",
+                "rope_theta": 1000000.0,
+                "sliding_window": window or self.max_position_embeddings,
+            }
+        qwen = {  # as Qwen2.5 and Qwen3: sliding-window fields present, switched off
+            **llama,
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "max_window_layers": self.layers if window is None else self.layers // 2,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "sliding_window": window or self.max_position_embeddings,
+            "use_sliding_window": window is not None,
+        }
+        if self.family == "qwen2":
+            return qwen
+        return {
+            **qwen,
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "attention_bias": False,
+            "sliding_window": window,
+        }
 
 
 def _weights(spec: TinyModelSpec) -> dict:
     import torch
 
     gen = torch.Generator().manual_seed(spec.seed)
-    h, i, d = spec.hidden, spec.intermediate_size, spec.hidden // spec.heads
-    kv = spec.kv_heads * d
+    h, i, d = spec.hidden, spec.intermediate_size, spec.head_size
+    q, kv = spec.heads * d, spec.kv_heads * d
 
     def normal(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32) * spec.initializer_range
@@ -104,14 +153,21 @@ def _weights(spec: TinyModelSpec) -> dict:
     for layer in range(spec.layers):
         p = f"model.layers.{layer}."
         tensors[p + "input_layernorm.weight"] = torch.ones(h)
-        tensors[p + "self_attn.q_proj.weight"] = normal(h, h)
+        tensors[p + "self_attn.q_proj.weight"] = normal(q, h)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv, h)
         tensors[p + "self_attn.v_proj.weight"] = normal(kv, h)
-        tensors[p + "self_attn.o_proj.weight"] = normal(h, h)
+        tensors[p + "self_attn.o_proj.weight"] = normal(h, q)
         tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
         tensors[p + "mlp.gate_proj.weight"] = normal(i, h)
         tensors[p + "mlp.up_proj.weight"] = normal(i, h)
         tensors[p + "mlp.down_proj.weight"] = normal(h, i)
+        # Drawn after the Llama tensors of the layer, so a Llama's weights do not depend on the family code.
+        if spec.family == "qwen2":
+            for name, size in (("q", q), ("k", kv), ("v", kv)):
+                tensors[p + f"self_attn.{name}_proj.bias"] = normal(size)
+        if spec.family == "qwen3":
+            tensors[p + "self_attn.q_norm.weight"] = torch.ones(d)
+            tensors[p + "self_attn.k_norm.weight"] = torch.ones(d)
     tensors["model.norm.weight"] = torch.ones(h)
     tensors["lm_head.weight"] = normal(VOCAB_SIZE, h)
     return tensors
@@ -168,7 +224,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Write config, safetensors weights and tokenizer files of a tiny Llama into ``out_dir``."""
+    """Write config, safetensors weights and tokenizer files of a tiny model into ``out_dir``."""
     from safetensors.torch import save_file
 
     spec = spec or TinyModelSpec()

@@ -58,8 +58,10 @@ class KernelBackend(ABC):
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Decode attention of one query token per sequence over its paged KV cache."""
+        """Decode attention of one query token per sequence over its paged KV cache: every cached token, or
+        with a sliding ``window`` the last ``window`` of them (positions ``>= context_lens[b] - window``)."""
 
 
 class TorchBackend(KernelBackend):
@@ -99,8 +101,11 @@ class TorchBackend(KernelBackend):
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        return torch_ops.paged_attention_decode_with(self.loops, q, k_cache, v_cache, block_tables, context_lens, scale)
+        return torch_ops.paged_attention_decode_with(
+            self.loops, q, k_cache, v_cache, block_tables, context_lens, scale, window
+        )
 
 
 class TritonBackend(KernelBackend):
@@ -141,9 +146,10 @@ class TritonBackend(KernelBackend):
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return self._attention.paged_attention_decode(
-            q, k_cache, v_cache, block_tables, context_lens, scale, interpret=self.interpret
+            q, k_cache, v_cache, block_tables, context_lens, scale, window, interpret=self.interpret
         )
 
 

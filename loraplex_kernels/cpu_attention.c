@@ -9,7 +9,7 @@ struct attention_args {
     float *out, *scratch;
     const int32_t *block_tables, *context_lens;
     int64_t page_stride, token_stride, table_stride, batch, num_heads, num_kv_heads, head_dim, block_size;
-    int64_t scratch_per_thread, parts;
+    int64_t scratch_per_thread, parts, window; /* window 0: full attention */
     float scale;
     int64_t *next_item; /* shared counter: contexts differ in length, so threads claim items as they free up */
 };
@@ -71,28 +71,30 @@ static void weighted_sum(float *restrict out, const float *p, const float *const
  * order (rather than one head's 256-byte slice per token, 1 KiB apart) keeps the hardware prefetcher
  * streaming: a per-head walk over pages scattered through the arena stalls on memory latency (measured
  * 2.4 GFLOP/s, one thread, 15 MB of KV). Small batches split the heads so both cores stay busy.
- * Requires head_dim % 8 == 0 and block_size <= MAX_BLOCK (checked by the caller). */
+ * A sliding window starts the walk at the page holding token lo = n - window; that page's earlier rows
+ * are skipped. Requires head_dim % 8 == 0 and block_size <= MAX_BLOCK (checked by the caller). */
 #define MAX_BLOCK 64
 static void attention_work(const void *p, int64_t tid, int64_t nthreads) {
     const struct attention_args *a = p;
     int64_t group = a->num_heads / a->num_kv_heads, d = a->head_dim, bs = a->block_size;
     int64_t kv_per_part = a->num_kv_heads / a->parts, heads = kv_per_part * group;
-    float *scores = a->scratch + tid * a->scratch_per_thread; /* [heads of this part][n] */
+    float *scores = a->scratch + tid * a->scratch_per_thread; /* [heads of this part][n - lo] */
     (void)nthreads;
     for (;;) {
         int64_t item = __atomic_fetch_add(a->next_item, 1, __ATOMIC_RELAXED);
         if (item >= a->batch * a->parts) break;
         int64_t b = item / a->parts, kv0 = (item % a->parts) * kv_per_part, n = a->context_lens[b];
+        int64_t lo = a->window > 0 && n > a->window ? n - a->window : 0, len = n - lo;
         const int32_t *table = a->block_tables + b * a->table_stride;
         const float *q = a->q + (b * a->num_heads + kv0 * group) * d;
         float *out = a->out + (b * a->num_heads + kv0 * group) * d;
         for (int64_t i = 0; i < heads * d; ++i) out[i] = 0.0f;
         if (n == 0) continue;
-        for (int64_t t0 = 0, page = 0; t0 < n; t0 += bs, ++page) {
+        for (int64_t page = lo / bs, t0 = page * bs; t0 < n; t0 += bs, ++page) {
             const float *base = a->k_cache + table[page] * a->page_stride + kv0 * d;
-            int64_t m = n - t0 < bs ? n - t0 : bs;
+            int64_t m = n - t0 < bs ? n - t0 : bs, first = lo > t0 ? lo - t0 : 0;
             for (int64_t kvh = 0; kvh < kv_per_part; ++kvh)
-                for (int64_t s0 = 0; s0 < m; s0 += 8) {
+                for (int64_t s0 = first; s0 < m; s0 += 8) {
                     /* Rows past the page's last token repeat it; their scores are dropped. */
                     const float *rows[8];
                     for (int64_t s = 0; s < 8; ++s)
@@ -100,25 +102,25 @@ static void attention_work(const void *p, int64_t tid, int64_t nthreads) {
                     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
                         float block[8];
                         dot8(q + h * d, rows, d, a->scale, block);
-                        for (int64_t s = 0; s < 8 && s0 + s < m; ++s) scores[h * n + t0 + s0 + s] = block[s];
+                        for (int64_t s = 0; s < 8 && s0 + s < m; ++s) scores[h * len + t0 + s0 + s - lo] = block[s];
                     }
                 }
         }
         for (int64_t h = 0; h < heads; ++h) {
-            float *s = scores + h * n, top = s[0], total = 0.0f;
-            for (int64_t t = 1; t < n; ++t) top = s[t] > top ? s[t] : top;
-            for (int64_t t = 0; t < n; ++t) total += (s[t] = expf(s[t] - top));
+            float *s = scores + h * len, top = s[0], total = 0.0f;
+            for (int64_t t = 1; t < len; ++t) top = s[t] > top ? s[t] : top;
+            for (int64_t t = 0; t < len; ++t) total += (s[t] = expf(s[t] - top));
             float inv = 1.0f / total;
-            for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+            for (int64_t t = 0; t < len; ++t) s[t] *= inv;
         }
-        for (int64_t t0 = 0, page = 0; t0 < n; t0 += bs, ++page) {
+        for (int64_t page = lo / bs, t0 = page * bs; t0 < n; t0 += bs, ++page) {
             const float *base = a->v_cache + table[page] * a->page_stride + kv0 * d;
-            int64_t m = n - t0 < bs ? n - t0 : bs;
+            int64_t m = n - t0 < bs ? n - t0 : bs, first = lo > t0 ? lo - t0 : 0;
             for (int64_t kvh = 0; kvh < kv_per_part; ++kvh) {
                 const float *rows[MAX_BLOCK];
-                for (int64_t s = 0; s < m; ++s) rows[s] = base + s * a->token_stride + kvh * d;
+                for (int64_t s = first; s < m; ++s) rows[s - first] = base + s * a->token_stride + kvh * d;
                 for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
-                    weighted_sum(out + h * d, scores + h * n + t0, rows, m, d);
+                    weighted_sum(out + h * d, scores + h * len + t0 + first - lo, rows, m - first, d);
             }
         }
     }
@@ -126,16 +128,17 @@ static void attention_work(const void *p, int64_t tid, int64_t nthreads) {
 
 /* One query token per sequence over its paged K/V, read in place. Caches are one layer's views:
  * token t of sequence b lives at page block_tables[b, t / block_size], slot t % block_size.
+ * window > 0 reads only tokens t >= context_lens[b] - window (sliding-window attention); 0 reads all.
  * parts divides num_kv_heads; scratch holds num_threads * scratch_per_thread floats
- * (max(context_lens) * num_heads / parts each). */
+ * (min(max(context_lens), window) * num_heads / parts each). */
 void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, int64_t page_stride,
                             int64_t token_stride, const int32_t *block_tables, int64_t table_stride,
                             const int32_t *context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t block_size, float scale, float *out, float *scratch,
-                            int64_t scratch_per_thread, int64_t parts, int64_t num_threads) {
+                            int64_t head_dim, int64_t block_size, int64_t window, float scale, float *out,
+                            float *scratch, int64_t scratch_per_thread, int64_t parts, int64_t num_threads) {
     int64_t next_item = 0;
     struct attention_args args = {q, k_cache, v_cache, out, scratch, block_tables, context_lens, page_stride,
                                   token_stride, table_stride, batch, num_heads, num_kv_heads, head_dim,
-                                  block_size, scratch_per_thread, parts, scale, &next_item};
+                                  block_size, scratch_per_thread, parts, window, scale, &next_item};
     parallel(attention_work, &args, num_threads);
 }

@@ -39,8 +39,8 @@ SIGNATURES = {
     ],
     "panel_linear": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64],
     "paged_attention_decode": [
-        _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _f32, _ptr, _ptr, _i64, _i64,
-        _i64,
+        _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _ptr, _ptr, _i64,
+        _i64, _i64,
     ],
 }  # fmt: skip
 

@@ -102,12 +102,15 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending over its first ``context_lens[b]`` cached tokens.
 
     ``q``: ``[B, num_heads, head_dim]``; caches: ``[num_pages, block_size, num_kv_heads, head_dim]``;
     ``block_tables``: ``[B, max_blocks]`` page ids. Query head ``h`` reads KV head
     ``h // (num_heads // num_kv_heads)`` (GQA). Returns ``[B, num_heads, head_dim]`` in ``q.dtype``.
+    With a sliding ``window`` only the last ``window`` tokens are read: positions below
+    ``context_lens[b] - window`` are skipped (the query is the token at ``context_lens[b] - 1``).
     """
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -117,9 +120,10 @@ def paged_attention_decode(
         n = int(context_lens[b])
         if n == 0:
             continue
+        first = max(0, n - window) if window is not None else 0
         pages = block_tables[b, : (n + block_size - 1) // block_size].long()
-        keys = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n].float()
-        values = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n].float()
+        keys = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[first:n].float()
+        values = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[first:n].float()
         keys = keys.repeat_interleave(group, dim=1)  # [n, num_heads, head_dim]
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].float(), keys) * scale

@@ -315,12 +315,14 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its first ``context_lens[b]`` cached tokens (GQA aware).
+    """One query token per sequence over its first ``context_lens[b]`` cached tokens (GQA aware), or only
+    the last ``window`` of them.
 
     A convenience that looks up the C loops on every call; the engine's ``TorchBackend`` resolves them once.
     """
-    return paged_attention_decode_with(c_loops(), q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_attention_decode_with(c_loops(), q, k_cache, v_cache, block_tables, context_lens, scale, window)
 
 
 def paged_attention_decode_with(
@@ -331,11 +333,12 @@ def paged_attention_decode_with(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`paged_attention_decode` through ``loops`` where the tensors suit them, else in torch.
 
-    Pages of the whole batch are gathered once (up to the longest context), then one masked
-    batched softmax-attention runs for all sequences.
+    Pages of the whole batch are gathered once (from the first page any sequence's window reaches, up to
+    the longest context), then one masked batched softmax-attention runs for all sequences.
     """
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -350,21 +353,27 @@ def paged_attention_decode_with(
         out = torch.empty_like(q)
         threads = loops.threads
         parts = _head_parts(batch, num_kv_heads, threads)
-        per_thread = max_len * num_heads // parts
+        per_thread = min(max_len, window or max_len) * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)
         loops.lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
             block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
-            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), scratch.data_ptr(), per_thread, parts,
-            threads,
+            num_kv_heads, head_dim, block_size, window or 0, scale, out.data_ptr(), scratch.data_ptr(), per_thread,
+            parts, threads,
         )  # fmt: skip
         return out
     num_blocks = -(-max_len // block_size)
-    pages = block_tables[:, :num_blocks].long()
-    keys = k_cache[pages].view(batch, num_blocks * block_size, num_kv_heads, head_dim)
-    values = v_cache[pages].view(batch, num_blocks * block_size, num_kv_heads, head_dim)
-    positions = torch.arange(num_blocks * block_size, device=q.device)
-    mask = (positions[None, :] < context_lens[:, None].to(positions.dtype))[:, None, None, :]
+    lens = context_lens[:, None].long()
+    first_block = 0 if window is None else int((lens - window).clamp(min=0).min()) // block_size
+    pages = block_tables[:, first_block:num_blocks].long()
+    span = (num_blocks - first_block) * block_size
+    keys = k_cache[pages].view(batch, span, num_kv_heads, head_dim)
+    values = v_cache[pages].view(batch, span, num_kv_heads, head_dim)
+    positions = torch.arange(first_block * block_size, num_blocks * block_size, device=q.device)[None, :]
+    mask = positions < lens
+    if window is not None:
+        mask &= positions >= lens - window
+    mask = mask[:, None, None, :]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().unsqueeze(2),
         keys.float().transpose(1, 2),

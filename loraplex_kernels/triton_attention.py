@@ -4,6 +4,8 @@ Grid: (KV head, sequence, partition). A program loads the query heads that share
 so each KV tile is read once, and streams its partition of the context with an online softmax.
 With more than one partition (flash-decoding, for batches too small to fill the GPU) a second
 kernel merges the partial results. Caches are strided views into the arena and are never copied.
+With a sliding window a program starts at the window's first token (lo = context - window), so pages
+before it are never read, and partitions wholly before it write nothing and are left out of the merge.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import triton.language as tl
 
 from loraplex_kernels.configs import MIN_DOT, AttentionConfig, attention_config, next_pow2, num_sms
 from loraplex_kernels.triton_common import check_launchable, dot
+
+NO_WINDOW = 2**31 - 1  # the window passed for full attention: longer than any context (int32)
 
 
 @triton.jit
@@ -33,6 +37,7 @@ def _decode_kernel(
     group,
     head_dim,
     partition,
+    window,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -64,20 +69,21 @@ def _decode_kernel(
     b = tl.program_id(1).to(tl.int64)
     part = tl.program_id(2)
     context = tl.load(context_lens_ptr + b)
-    start = part * partition
+    lo = tl.maximum(context - window, 0)  # the window's first token
+    start = tl.maximum(part * partition, lo)
+    end = tl.minimum(part * partition + partition, context)
     offs_g = tl.arange(0, BLOCK_G)
     heads = kv_head * group + offs_g
     g_ok = offs_g < group
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
-    if start >= context:
+    if start >= end:
         if not SPLIT:
             # An empty sequence attends to nothing: zeros, as in the reference.
             out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
             zeros = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
             tl.store(out_ptrs, zeros.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
         return
-    end = tl.minimum(start + partition, context)
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
         mask=g_ok[:, None] & d_ok[None, :],
@@ -140,6 +146,7 @@ def _merge_kernel(
     part_o_ptr,
     context_lens_ptr,
     partition,
+    window,
     head_dim,
     stride_ob,
     stride_oh,
@@ -160,9 +167,10 @@ def _merge_kernel(
     if context <= 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_D,), dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=d_ok)
         return
-    # Only partitions that started before the context's end wrote their statistics.
+    # Only partitions that overlap the window (or the whole context) wrote their statistics.
+    lo = tl.maximum(context - window, 0)
     offs_p = tl.arange(0, BLOCK_P)
-    p_ok = offs_p < tl.cdiv(context, partition)
+    p_ok = (offs_p < tl.cdiv(context, partition)) & (offs_p >= lo // partition)
     stats = b * stride_pb + head * stride_ph + offs_p * stride_pp
     m = tl.load(part_m_ptr + stats, mask=p_ok, other=float("-inf"))
     total = tl.load(part_l_ptr + stats, mask=p_ok, other=0.0)
@@ -181,11 +189,13 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
     *,
     config: AttentionConfig | None = None,
     interpret: bool | None = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` ``[B, num_heads, head_dim]`` over the first ``context_lens[b]`` cached tokens."""
+    """Attention of ``q`` ``[B, num_heads, head_dim]`` over the first ``context_lens[b]`` cached tokens, or
+    with a sliding ``window`` over the last ``window`` of them."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads:
@@ -229,6 +239,7 @@ def paged_attention_decode(
         group,
         head_dim,
         cfg.partition,
+        NO_WINDOW if window is None else window,
         *q.stride(),
         k_cache.stride(0),
         k_cache.stride(1),
@@ -258,6 +269,7 @@ def paged_attention_decode(
             part_o,
             context_lens,
             cfg.partition,
+            NO_WINDOW if window is None else window,
             head_dim,
             *out.stride(),
             *part_strides,

@@ -105,13 +105,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     if device.type == "cpu":
         reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
     model_config = ModelConfig.from_dir(config.model)
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    window = model_config.sliding_window
-    if window is not None and window < max_model_len:
-        raise ConfigError(
-            f"the model uses sliding-window attention ({window} tokens), which is not served; "
-            f"set max_model_len <= {window} so every sequence fits the window"
-        )
+    max_model_len = config.max_model_len or model_config.default_max_model_len
     weights: ModelWeights = load_weights(config.model, model_config, dtype, device)
     geometry = KVGeometry(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size)
     pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, model_config), dtype, device)

@@ -20,7 +20,7 @@ class EngineConfig:
     device: str = "auto"  # auto: cuda when available
     pool_bytes: int | None = None  # arena size; None: gpu_memory_fraction of free GPU memory, or 1 GiB on CPU
     gpu_memory_fraction: float = 0.9
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (LongRoPE: the original one)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True

@@ -48,26 +48,38 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kernels: KernelBackend,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of the step's queries ``[T, heads, d]``; ``k``/``v`` must already be in the cache."""
+    """Causal attention of the step's queries ``[T, heads, d]``; ``k``/``v`` must already be in the cache.
+
+    With a sliding ``window`` the query at position ``i`` sees keys ``i - window < j <= i``, as transformers'
+    ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``)."""
     if meta.all_decode:
         return kernels.paged_attention_decode(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
         )
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]
     for span in meta.prefills:
         end = span.start + span.length
         query = q[span.start : end].transpose(0, 1).unsqueeze(0)
+        total = span.context_len + span.length
+        # Keys before ``first`` are outside every row's window (0 for a first chunk, or without a window).
+        first = 0 if window is None else max(0, span.context_len + 1 - window)
         if span.context_len == 0:
-            keys, values, mask = k[span.start : end], v[span.start : end], None
+            keys, values = k[span.start : end], v[span.start : end]
         else:
-            # A later chunk: attend to the earlier chunks' keys, read back from their pages.
-            total = span.context_len + span.length
-            keys = k_cache[span.block_table].flatten(0, 1)[:total]
-            values = v_cache[span.block_table].flatten(0, 1)[:total]
+            # A later chunk: attend to the earlier chunks' keys, read back from their pages, from the page
+            # holding ``first`` on.
+            skip = first // k_cache.shape[1]
+            tokens = slice(first - skip * k_cache.shape[1], total - skip * k_cache.shape[1])
+            keys = k_cache[span.block_table[skip:]].flatten(0, 1)[tokens]
+            values = v_cache[span.block_table[skip:]].flatten(0, 1)[tokens]
+        mask = None  # plain causal: a first chunk that fits in its window
+        if span.context_len or (window is not None and window < span.length):
             rows = torch.arange(span.context_len, total, device=q.device)[:, None]
-            mask = torch.arange(total, device=q.device)[None, :] <= rows
+            cols = torch.arange(first, total, device=q.device)[None, :]
+            mask = cols <= rows if window is None else (cols <= rows) & (cols > rows - window)
         o = F.scaled_dot_product_attention(
             query,
             keys.transpose(0, 1).unsqueeze(0),
@@ -80,6 +92,6 @@ def paged_attention(
         out[span.start : end] = o[0].transpose(0, 1)
     if meta.decode_rows is not None:
         out[meta.decode_rows] = kernels.paged_attention_decode(
-            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
         )
     return out

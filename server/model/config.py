@@ -1,4 +1,4 @@
-"""The base model as the forward pass sees it, read from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2).
+"""The base model as the forward pass sees it, read from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3).
 
 Sizes come from :class:`core.model_sizes.ModelSizes`, the reading the API validates adapters with.
 """
@@ -12,21 +12,10 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.model_sizes import ModelSizes
+from server.model.rope_config import RopeConfig, rope_config
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding parameters; ``rope_type`` is ``default``, ``linear`` or ``llama3``."""
-
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the attention kinds of ``layer_types`` we serve
 
 
 @dataclass(frozen=True)
@@ -41,7 +30,8 @@ class ModelConfig(ModelSizes):
     tie_word_embeddings: bool
     qkv_bias: bool
     o_bias: bool
-    sliding_window: int | None
+    qk_norm: bool  # Qwen3: RMSNorm over each q and k head (weights of head_dim) before RoPE
+    layer_windows: tuple[int | None, ...]  # each layer's sliding window in tokens; None: full attention
     eos_token_ids: tuple[int, ...]
 
     @classmethod
@@ -54,6 +44,13 @@ class ModelConfig(ModelSizes):
         gen_path = Path(model_dir) / "generation_config.json"
         generation = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
         return cls.from_dict(config, generation)
+
+    @property
+    def default_max_model_len(self) -> int:
+        """The context served when none is asked for: LongRoPE keeps its short factors, as vLLM does by default."""
+        if self.rope.rope_type == "longrope":
+            return min(self.max_position_embeddings, self.rope.original_max_position_embeddings)
+        return self.max_position_embeddings
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
@@ -76,12 +73,13 @@ class ModelConfig(ModelSizes):
             model_type=model_type,
             vocab_size=int(config["vocab_size"]),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope=_rope_config(config),
+            rope=rope_config(config, sizes.head_dim),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=model_type == "llama" and attention_bias,
-            sliding_window=_sliding_window(config, model_type),
+            o_bias=model_type in ("llama", "qwen3") and attention_bias,
+            qk_norm=model_type == "qwen3",
+            layer_windows=_layer_windows(config, model_type, sizes.num_layers),
             eos_token_ids=tuple(sorted(eos)),
         )
 
@@ -92,34 +90,46 @@ def _as_ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _rope_config(config: dict[str, Any]) -> RopeConfig:
-    # transformers 5 writes ``rope_parameters`` (theta inside); older files use rope_theta + rope_scaling.
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"rope type {rope_type!r} is not served; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
-    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ConfigError("partial_rotary_factor != 1 is not served")
-    defaults = RopeConfig()
-    return RopeConfig(
-        theta=theta,
-        rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", defaults.low_freq_factor)),
-        high_freq_factor=float(params.get("high_freq_factor", defaults.high_freq_factor)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", defaults.original_max_position_embeddings)
-        ),
-    )
+def _layer_windows(config: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention), as the family's transformers config and model read it.
 
-
-def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
+    A window of W lets the query at position i see keys i - W < j <= i (transformers' ``sliding_window_overlay``).
+    """
     window = config.get("sliding_window")
+    if model_type == "llama":
+        return (None,) * num_layers  # LlamaModel has no sliding window: the key is ignored
+    if model_type == "mistral":
+        # MistralModel windows every layer when sliding_window is set and ignores layer_types.
+        return (None if window is None else _window(window),) * num_layers
+    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
+        window = None  # their configs drop sliding_window unless use_sliding_window is true
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        layer_types = _default_layer_types(config, model_type, num_layers, window is not None)
+    if len(layer_types) != num_layers:
+        raise ConfigError(f"layer_types lists {len(layer_types)} layers; num_hidden_layers is {num_layers}")
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ConfigError(f"layer_types {unknown} are not served; supported: {', '.join(LAYER_TYPES)}")
+    if "sliding_attention" not in layer_types:
+        return (None,) * num_layers
     if window is None:
-        return None
-    if model_type == "qwen2":
-        layer_types = config.get("layer_types") or []
-        if not config.get("use_sliding_window") and "sliding_attention" not in layer_types:
-            return None
-    return int(window)
+        raise ConfigError(
+            "layer_types lists sliding_attention layers but no sliding_window applies "
+            "(set sliding_window, and use_sliding_window=true for Qwen2/Qwen3)"
+        )
+    return tuple(_window(window) if kind == "sliding_attention" else None for kind in layer_types)
+
+
+def _default_layer_types(config: dict[str, Any], model_type: str, num_layers: int, windowed: bool) -> list[str]:
+    """``layer_types`` as the family's transformers config fills them in when config.json has none."""
+    first = num_layers
+    if windowed and model_type in ("qwen2", "qwen3"):
+        first = int(config.get("max_window_layers", 28))  # layers from max_window_layers on slide
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+
+
+def _window(value: Any) -> int:
+    if int(value) < 1:
+        raise ConfigError(f"sliding_window must be a positive number of tokens, got {value!r}")
+    return int(value)

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2) over the paged arena, with per-segment LoRA deltas."""
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the paged arena, with per-segment LoRA deltas."""
 
 from __future__ import annotations
 
@@ -105,13 +105,16 @@ class LlamaModel:
         h = F.rms_norm(x, (c.hidden_size,), w.input_norm, c.rms_norm_eps)
         qkv = w.qkv(h, delta(lora.qkv))
         qk = qkv[:, : c.q_size + c.kv_size].view(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
+        if w.qk_norm is not None:  # Qwen3: normalise each q and k head, then rotate
+            qk = F.rms_norm(qk, (c.head_dim,), eps=c.rms_norm_eps).mul_(w.qk_norm)
         self.rope.apply_(qk, cos, sin)
         q = qk[:, : c.num_heads]
         k = qk[:, c.num_heads :]
         v = qkv[:, c.q_size + c.kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
         k_cache, v_cache = self.kv_caches[n]
         write_kv(k_cache, v_cache, k, v, meta)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels).reshape(num_tokens, c.q_size)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels, c.layer_windows[n])
+        attn = attn.reshape(num_tokens, c.q_size)
         x.add_(w.o(attn, delta(lora.o)))
 
         h = F.rms_norm(x, (c.hidden_size,), w.post_norm, c.rms_norm_eps)

@@ -30,6 +30,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear  # intermediate -> hidden
+    qk_norm: torch.Tensor | None = None  # [heads + kv_heads, head_dim]: q_norm per q head, k_norm per kv head
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ModelWeights:
 
     def num_bytes(self) -> int:
         tensors = [self.embed, self.norm] + [t for layer in self.layers for t in (layer.input_norm, layer.post_norm)]
+        tensors += [layer.qk_norm for layer in self.layers if layer.qk_norm is not None]
         linears = [self.lm_head] + [
             lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
@@ -99,6 +101,12 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         if config.qkv_bias:
             sizes = (("q", q), ("k", kv), ("v", kv))
             qkv_bias = vector(*(take(p + f"self_attn.{x}_proj.bias", (size,)) for x, size in sizes))
+        qk_norm = None
+        if config.qk_norm:
+            d = (config.head_dim,)
+            q_norm, k_norm = take(p + "self_attn.q_norm.weight", d), take(p + "self_attn.k_norm.weight", d)
+            heads = torch.cat([q_norm.expand(config.num_heads, -1), k_norm.expand(config.num_kv_heads, -1)])
+            qk_norm = heads.to(device=device, dtype=dtype).contiguous()
         layers.append(
             LayerWeights(
                 input_norm=vector(take(p + "input_layernorm.weight", (h,))),
@@ -112,6 +120,7 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                     linear_t(take(p + "mlp.gate_proj.weight", (i, h)), take(p + "mlp.up_proj.weight", (i, h)))
                 ),
                 down=Linear(linear_t(take(p + "mlp.down_proj.weight", (h, i)))),
+                qk_norm=qk_norm,
             )
         )
     embed = take("model.embed_tokens.weight", (config.vocab_size, h)).to(device=device, dtype=dtype).contiguous()

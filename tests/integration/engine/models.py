@@ -1,7 +1,8 @@
-"""Tiny random Llama/Mistral/Qwen2 checkpoints and PEFT adapters for engine tests."""
+"""Tiny random Llama/Mistral/Qwen2/Qwen3 (and Phi-3) checkpoints and PEFT adapters for engine tests."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ ALL_PROJECTIONS = list(PROJECTIONS)
 
 
 def hf_config(arch: str, *, gqa: bool = True, bias: bool = False, tie: bool = False, **overrides: Any) -> Any:
-    """A transformers config of a tiny model of ``arch`` (llama, mistral, qwen2)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A transformers config of a tiny model of ``arch`` (llama, mistral, qwen2, qwen3, phi3); no sliding window unless
+    ``overrides`` set one (``sliding_window``, and for qwen2 ``use_sliding_window``, ``max_window_layers``).
+
+    qwen3 defaults to head_dim 32, twice hidden / heads, as Qwen3 checkpoints have it."""
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=96,
@@ -34,10 +38,42 @@ def hf_config(arch: str, *, gqa: bool = True, bias: bool = False, tie: bool = Fa
     if arch == "llama":
         return LlamaConfig(attention_bias=bias, **common)
     if arch == "mistral":
-        return MistralConfig(sliding_window=None, **common)
+        return MistralConfig(**{"sliding_window": None, **common})
     if arch == "qwen2":
-        return Qwen2Config(use_sliding_window=False, **common)
+        return Qwen2Config(**{"use_sliding_window": False, **common})
+    if arch == "qwen3":
+        return Qwen3Config(**{"head_dim": 32, "attention_bias": bias, "use_sliding_window": False, **common})
+    if arch == "phi3":
+        return Phi3Config(**common)
     raise ValueError(arch)
+
+
+def phi3_as_llama(phi3_dir: Path, out_dir: Path) -> Path:
+    """A Phi-3 checkpoint rewritten as the Llama it is (qkv_proj and gate_up_proj split), rope settings kept.
+
+    transformers' Llama cannot rotate part of a head; its Phi-3 can, so it is the reference for partial rotary."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((phi3_dir / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    state = {}
+    for name, tensor in load_file(str(phi3_dir / "model.safetensors")).items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            prefix = name.removesuffix("qkv_proj.weight")
+            for proj, part in zip(("q", "k", "v"), tensor.split([q, kv, kv]), strict=True):
+                state[f"{prefix}{proj}_proj.weight"] = part.contiguous()
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            prefix = name.removesuffix("gate_up_proj.weight")
+            gate, up = tensor.chunk(2)
+            state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"] = gate.contiguous(), up.contiguous()
+        else:
+            state[name] = tensor
+    out_dir.mkdir(parents=True)
+    save_file(state, str(out_dir / "model.safetensors"))
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (out_dir / "config.json").write_text(json.dumps(config))
+    return out_dir
 
 
 def save_model(directory: Path, config: Any, seed: int = 0, std: float = 0.15) -> Path:

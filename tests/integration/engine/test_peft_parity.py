@@ -117,3 +117,44 @@ def test_parity_with_triton_kernels(case, monkeypatch):
     llm, got = _run(base, small_dirs, [requests[i] for i in subset], pool_bytes=16 << 20, max_tokens=4)
     assert llm.engine.runner.model.kernels.name == "triton"
     assert got == [expected[i][:4] for i in subset]
+
+
+def test_windowed_base_matches_peft(tmp_path):
+    """Adapters over a Mistral base with a 16-token sliding window, generating past the window, equal PEFT."""
+    from peft import PeftModel
+
+    base = save_model(tmp_path / "base", hf_config("mistral", sliding_window=16))
+    names = ("all-r32", "qv-r2")
+    dirs = {name: save_adapter(tmp_path / name, base, seed=i + 1, **ADAPTERS[name]) for i, name in enumerate(names)}
+    gen = torch.Generator().manual_seed(4)
+    requests = [
+        (torch.randint(3, 96, (n,), generator=gen).tolist(), name)
+        for n, name in ((30, names[0]), (41, names[1]), (20, None))
+    ]
+    peft_model = PeftModel.from_pretrained(load_hf(base), dirs[names[0]], adapter_name=names[0])
+    peft_model.load_adapter(dirs[names[1]], adapter_name=names[1])
+    peft_model.eval()
+    expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
+    _, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
+    assert got == expected
+
+
+def test_qwen3_adapters_match_peft(tmp_path):
+    """Adapters over Qwen3 (q/k norms, head_dim twice hidden / heads) equal PEFT, and change the answers."""
+    from peft import PeftModel
+
+    base = save_model(tmp_path / "base", hf_config("qwen3"))
+    names = ("all-r32", "attn-r8", "qv-r2")
+    dirs = {name: save_adapter(tmp_path / name, base, seed=i + 1, **ADAPTERS[name]) for i, name in enumerate(names)}
+    gen = torch.Generator().manual_seed(5)
+    lengths = {names[0]: 9, names[1]: 30, names[2]: 17, None: 24}
+    requests = [(torch.randint(3, 96, (n,), generator=gen).tolist(), name) for name, n in lengths.items()]
+    peft_model = PeftModel.from_pretrained(load_hf(base), dirs[names[0]], adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.load_adapter(dirs[name], adapter_name=name)
+    peft_model.eval()
+    expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
+    without = [_peft_generate(peft_model, prompt, None, MAX_TOKENS) for prompt, _ in requests]
+    _, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
+    assert got == expected
+    assert [a != b for a, b in zip(expected, without, strict=True)] == [True, True, True, False]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.tiny_model import BOS_ID, BYTE_OFFSET, EOS_ID
+from core.tiny_model import BOS_ID, BYTE_OFFSET, EOS_ID, TinyModelSpec, make_tiny_model
 
 
 def _make(out: Path, *extra: str) -> None:
@@ -64,3 +65,33 @@ def test_chat_template_marks_assistant_text(tiny_model_dir: Path) -> None:
     assert learned == [ord("y") + BYTE_OFFSET, ord("o") + BYTE_OFFSET, EOS_ID]
     prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|assistant|>\n")
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_each_family_loads_as_its_transformers_class_with_every_weight(tmp_path: Path, family: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = make_tiny_model(tmp_path, TinyModelSpec(family=family, hidden=64, layers=2))
+    config = json.loads((out / "config.json").read_text())
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert config["model_type"] == family and type(model).__name__ == config["architectures"][0]
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    if family == "mistral":  # a window as long as the context
+        assert model.config.sliding_window == model.config.max_position_embeddings
+    else:  # the window fields are there, switched off
+        assert set(model.config.layer_types) == {"full_attention"}
+    assert model.config.head_dim == (32 if family == "qwen3" else 16)  # Qwen3 heads are twice hidden / heads
+    biases = [n for n, _ in model.named_parameters() if n.endswith("_proj.bias")]
+    assert len(biases) == (6 if family == "qwen2" else 0)
+
+
+def test_a_window_that_binds_can_be_asked_for(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    _make(tmp_path / "q", "--family", "qwen3", "--layers", "4", "--hidden", "64", "--sliding-window", "8")
+    config = AutoConfig.from_pretrained(tmp_path / "q")
+    assert config.sliding_window == 8 and config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    mistral = TinyModelSpec(family="mistral", sliding_window=8).config()
+    assert mistral["sliding_window"] == 8
+    with pytest.raises(subprocess.CalledProcessError):
+        _make(tmp_path / "bad", "--family", "gemma")

@@ -43,16 +43,18 @@ def _paged_batch(block_size, num_kv_heads, group, head_dim, lengths, dtype, seed
     return q.to(DEVICE), k_cache, v_cache, block_tables.to(DEVICE), context_lens.to(DEVICE)
 
 
-def _sdpa(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """Float64 SDPA per sequence on K/V gathered from its pages; zeros for an empty context."""
+def _sdpa(q, k_cache, v_cache, block_tables, context_lens, scale, window=None):
+    """Float64 SDPA per sequence on K/V gathered from its pages (the last ``window`` of them with a window);
+    zeros for an empty context."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     group = q.shape[1] // k_cache.shape[2]
     for b, n in enumerate(context_lens.tolist()):
         if n == 0:
             continue
+        first = 0 if window is None else max(0, n - window)
         pages = block_tables[b].long()
-        keys = k_cache[pages].flatten(0, 1)[:n].double().cpu().repeat_interleave(group, dim=1)
-        values = v_cache[pages].flatten(0, 1)[:n].double().cpu().repeat_interleave(group, dim=1)
+        keys = k_cache[pages].flatten(0, 1)[first:n].double().cpu().repeat_interleave(group, dim=1)
+        values = v_cache[pages].flatten(0, 1)[first:n].double().cpu().repeat_interleave(group, dim=1)
         query = q[b].double().cpu()[:, None, :]  # [heads, 1, head_dim]
         out[b] = F.scaled_dot_product_attention(
             query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale
@@ -97,10 +99,42 @@ def test_decode_matches_reference_and_sdpa(shape, dtype, split):
     assert_close(out.double().cpu(), _sdpa(*inputs, scale), **_tol(dtype))
 
 
-def test_reference_matches_sdpa_in_fp32():
+@pytest.mark.parametrize("window", [None, 1, 16, 21, 77, 500])
+def test_reference_matches_sdpa_in_fp32(window):
     inputs = _paged_batch(16, 2, 4, 32, (0, 1, 40, 77), torch.float32)
-    expected = _sdpa(*inputs, 0.2)
-    assert_close(reference.paged_attention_decode(*inputs, 0.2).double().cpu(), expected, rtol=1e-5, atol=1e-6)
+    expected = _sdpa(*inputs, 0.2, window)
+    got = reference.paged_attention_decode(*inputs, 0.2, window)
+    assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+# block_size, num_kv_heads, group, head_dim, context lengths, window: windows that start mid-page and span
+# page boundaries, one page long (page-aligned and not), of one token, and longer than every context (no-op).
+WINDOW_CASES = [
+    ((16, 2, 4, 32, (0, 1, 17, 40, 100), 24), torch.float32),
+    ((8, 1, 8, 16, (5, 9, 33, 64), 8), torch.bfloat16),
+    ((4, 2, 2, 32, (7, 13, 50), 1), torch.float16),
+    ((16, 2, 1, 64, (3, 16, 30), 64), torch.float32),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [pytest.param(shape, dtype, id=f"{_shape_id(shape[:5], dtype)}-window{shape[5]}") for shape, dtype in WINDOW_CASES],
+)
+@pytest.mark.parametrize("split", [False, True], ids=["one-partition", "partitions"])
+def test_sliding_window_decode_matches_reference_and_sdpa(shape, dtype, split):
+    """Only the last ``window`` tokens are read; partitions wholly before the window are left out of the merge."""
+    *geometry, lengths, window = shape
+    inputs = _paged_batch(*geometry, lengths, dtype, seed=1)
+    scale = geometry[3] ** -0.5
+    config = AttentionConfig(block_n=16, partition=32) if split else None
+    out = triton_attention.paged_attention_decode(*inputs, scale, window, config=config)
+    expected = reference.paged_attention_decode(*inputs, scale, window)
+    assert_close(out.float(), expected.float(), **_tol(dtype))
+    assert_close(out.double().cpu(), _sdpa(*inputs, scale, window), **_tol(dtype))
+    full = triton_attention.paged_attention_decode(*inputs, scale, config=config)
+    for b, n in enumerate(lengths):
+        assert torch.equal(out[b], full[b]) == (n <= window), (n, window)  # a window past the context: no-op
 
 
 def test_config_a_gpu_would_pick_for_a_small_batch_matches_reference():

@@ -47,6 +47,8 @@ def test_forcing_triton_runs_the_triton_kernels(monkeypatch):
     assert not torch.equal(y_backend, batch.y)
     inputs = _attention_inputs(TRITON_DEVICE)
     assert torch.equal(backend.paged_attention_decode(*inputs), triton_attention.paged_attention_decode(*inputs))
+    windowed = backend.paged_attention_decode(*inputs, window=3)
+    assert torch.equal(windowed, triton_attention.paged_attention_decode(*inputs, 3))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -65,6 +67,9 @@ def test_auto_on_cpu_is_torch_with_the_c_loops_only_in_fp32(monkeypatch, dtype):
     torch.testing.assert_close(y_backend, y_expected, rtol=tol, atol=tol)
     inputs = _attention_inputs()
     torch.testing.assert_close(backend.paged_attention_decode(*inputs), reference.paged_attention_decode(*inputs))
+    torch.testing.assert_close(
+        backend.paged_attention_decode(*inputs, window=3), reference.paged_attention_decode(*inputs, 3)
+    )
 
 
 def test_the_choice_is_read_once_at_construction(monkeypatch):

@@ -125,6 +125,30 @@ def test_paged_attention_decode_matches_reference(use_c, heads, kv_heads, head_d
         assert torch.equal(got[3], torch.zeros_like(got[3]))
 
 
+@pytest.mark.parametrize("use_c", [True, False])
+# 7: starts mid-page; 16: one page; 40: spans pages; 1: only the newest token; 1000: past every context.
+@pytest.mark.parametrize("window", [7, 16, 40, 1, 1000])
+# Several sequences (one per thread item), and one long sequence whose KV heads the C loop splits.
+@pytest.mark.parametrize("lens", [(33, 17, 64, 0, 1, 50), (75,)], ids=["batch", "one"])
+def test_sliding_window_decode_matches_reference(use_c, window, lens, monkeypatch):
+    monkeypatch.setenv("LORAPLEX_CPU_KERNEL_THREADS", "2")
+    if not use_c:
+        monkeypatch.setattr(torch_ops, "c_library", lambda: None)
+    gen = torch.Generator().manual_seed(1)
+    block_size, pages, heads, kv_heads, head_dim = 16, 40, 8, 2, 72
+    arena = torch.randn(pages, 2, 2, block_size, kv_heads, head_dim, generator=gen)
+    k_cache, v_cache = arena[:, 1, 0], arena[:, 1, 1]
+    tables = torch.stack([torch.randperm(pages, generator=gen)[:5] for _ in lens]).to(torch.int32)
+    q = torch.randn(len(lens), heads, head_dim, generator=gen)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    expected = reference.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25, window)
+    got = torch_ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25, window)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    if window >= int(lens.max()):
+        full = torch_ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25)
+        torch.testing.assert_close(got, full, rtol=0, atol=0)
+
+
 def test_paged_attention_refuses_tables_outside_the_cache():
     k = torch.randn(4, 16, 2, 8)
     with pytest.raises((ValueError, IndexError, RuntimeError)):

@@ -107,3 +107,17 @@ def test_the_train_command_writes_an_adapter_and_names_bad_lines(tiny_model_dir:
     bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "other")])
     assert bad.exit_code == 2
     assert "line 5: 'prompt' must be a non-empty string" in " ".join(bad.output.split())
+
+
+def test_a_qwen3_adapter_trains_and_fits_the_base_it_was_trained_on(tmp_path: Path) -> None:
+    from core.adapter_format import inspect_adapter
+    from core.model_sizes import ModelSizes
+    from core.projections import PROJECTIONS
+    from core.tiny_model import TinyModelSpec, make_tiny_model
+
+    base = make_tiny_model(tmp_path / "qwen3", TinyModelSpec(family="qwen3", hidden=64, layers=1))
+    result = train_adapter(request(base, tmp_path, "out", n_epochs=1, lora_r=4))
+    assert result.steps == 3  # 12 examples / 4
+    shapes = ModelSizes.from_hf_config(json.loads((base / "config.json").read_text())).base_shapes()
+    spec = inspect_adapter(result.output_dir, shapes, max_rank=64)
+    assert {m.projection for m in spec.modules} == set(PROJECTIONS)
