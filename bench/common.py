@@ -39,13 +39,15 @@ def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path
     return dirs
 
 
-def load_peft(model_dir: Path, adapter_dirs: list[Path], names: list[str] | None = None) -> Any:
+def load_peft(
+    model_dir: Path, adapter_dirs: list[Path], names: list[str] | None = None, dtype: torch.dtype = torch.float32
+) -> Any:
     """One ``PeftModel`` with every adapter loaded (named ``names``, default ``a0``, ``a1``, ...), in eval mode."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     names = names or [f"a{i}" for i in range(len(adapter_dirs))]
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model = PeftModel.from_pretrained(base, adapter_dirs[0], adapter_name=names[0])
     for name, path in zip(names[1:], adapter_dirs[1:], strict=True):
         model.load_adapter(path, adapter_name=name)

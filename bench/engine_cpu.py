@@ -11,11 +11,12 @@ ignored so every system produces exactly those tokens). Systems:
   (e) our engine with one adapter merged into the base weights
 
 Prints useful output tokens/s per system, a/b, a/c, LoRA overhead d/a - 1, and the fraction of the
-machine's matmul FLOP rate (measured here) that (a) achieves. Process CPU seconds are printed too: when
-other jobs share the cores, wall time swings by tens of percent while CPU time tracks the work. Every
-system first runs a few short requests untimed, then ``--repeats`` interleaved rounds; each system keeps
-its fastest round.
-Run: ``python bench/engine_cpu.py`` (``--threads 1`` is steadier on a busy 2-core machine: OpenMP
+machine's matmul FLOP rate (measured here) that (a) achieves. ``--dtype bf16`` runs every system in fp32 and in
+bf16 (PEFT's base model in bf16 too), interleaved, and prints bf16/fp32 tok/s per system. Process CPU seconds
+are printed too: when other jobs share the cores, wall time swings by tens of percent while CPU time tracks
+the work. Every system first runs a few short requests untimed, then ``--repeats`` interleaved rounds; each
+system keeps its fastest round.
+Run: ``python bench/engine_cpu.py [--dtype bf16]`` (``--threads 1`` is steadier on a busy 2-core machine: OpenMP
 threads that spin while another process holds the core cost far more than they bring).
 """
 
@@ -42,6 +43,8 @@ from server.model.linear import Linear
 from server.offline import LLM
 
 OUTPUT_LENGTHS = (8, 16, 32, 64, 128, 256)
+# --dtype: the engine's dtype name and torch dtype of each compute dtype a run compares.
+DTYPES = {"fp32": ("float32", torch.float32), "bf16": ("bfloat16", torch.bfloat16)}
 
 
 @dataclass
@@ -74,11 +77,11 @@ def make_workload(num_requests: int, num_adapters: int, seed: int) -> list[tuple
     return requests
 
 
-def matmul_gflops(seconds: float = 1.5) -> float:
-    """The machine's fp32 matmul rate on a large GEMM of the model's shapes (GFLOP/s): the faster of torch's
-    plain matmul and the engine's own projection (panel GEMM or oneDNN-packed), so that the fraction (a)
+def matmul_gflops(seconds: float = 1.5, dtype: torch.dtype = torch.float32) -> float:
+    """The machine's matmul rate in ``dtype`` on a large GEMM of the model's shapes (GFLOP/s): the faster of
+    torch's plain matmul and the engine's own projection (panel GEMM or oneDNN-packed), so that the fraction (a)
     reaches is of the best rate this machine shows, not of a slow one."""
-    a, w = torch.randn(1024, 512), torch.randn(512, 1408)
+    a, w = torch.randn(1024, 512, dtype=dtype), torch.randn(512, 1408, dtype=dtype)
     engine_linear = Linear(w)
     best = 0.0
     for matmul in (lambda: a @ w, lambda: engine_linear(a)):
@@ -91,9 +94,9 @@ def matmul_gflops(seconds: float = 1.5) -> float:
     return best
 
 
-def run_ours(model_dir: Path, workload, adapter_dirs: list[Path] | None, pool_bytes: int) -> Run:
-    """Time to finish the workload with our engine, and the output tokens produced."""
-    llm = LLM(model_dir, pool_bytes=pool_bytes, max_lora_rank=32, max_adapters=16)
+def run_ours(model_dir: Path, workload, adapter_dirs: list[Path] | None, pool_bytes: int, dtype: str) -> Run:
+    """Time to finish the workload with our engine (computing in ``dtype``), and the output tokens produced."""
+    llm = LLM(model_dir, pool_bytes=pool_bytes, max_lora_rank=32, max_adapters=16, dtype=dtype)
     names = []
     for i, path in enumerate(adapter_dirs or []):
         names.append(f"a{i}")
@@ -172,6 +175,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every system (default: torch's)")
     parser.add_argument("--skip-peft", action="store_true", help="only our systems (quick iterations)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds of every system; each keeps its fastest")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="fp32", help="bf16: every system in fp32 and in bf16, side by side"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -187,29 +193,47 @@ def main() -> None:
         pool = args.pool_mib << 20
         say(f"threads={torch.get_num_threads()} requests={len(workload)} adapters={args.adapters}")
         say(f"prompt tokens={prompt_tokens} output tokens={wanted} load average={os.getloadavg()[0]:.2f}")
-        peak = matmul_gflops()
-        say(f"matmul rate (1024x512x1408 fp32, best of torch and the engine's projection): {peak:.1f} GFLOP/s")
+        dtypes = ["fp32"] if args.dtype == "fp32" else ["fp32", args.dtype]
+        peaks = {}
+        for name in dtypes:
+            peaks[name] = matmul_gflops(dtype=DTYPES[name][1])
+            say(f"matmul rate (1024x512x1408 {name}, best of torch and the engine's projection): "
+                f"{peaks[name]:.1f} GFLOP/s")  # fmt: skip
 
         merged = merge_one(model_dir, adapter_dirs[0], work / "merged")
-        peft_model = None if args.skip_peft else load_peft(model_dir, adapter_dirs)
-        systems = {
-            "a": lambda: run_ours(model_dir, workload, adapter_dirs, pool),
-            "d": lambda: run_ours(model_dir, workload, None, pool),
-            "e": lambda: run_ours(merged, workload, None, pool),
-        }
-        if peft_model is not None:
-            systems["b"] = lambda: run_peft_batched(peft_model, workload)
-            systems["c"] = lambda: run_peft_sequential(peft_model, workload)
-        runs: dict[str, Run] = {}
-        # Rounds run every system in turn, and each keeps its fastest round: on a shared machine noise
-        # only ever adds time, and interleaving spreads a slow spell over all systems alike.
+        systems = {}
+        for name in dtypes:
+            engine_dtype, torch_dtype = DTYPES[name]
+            systems[name, "a"] = lambda d=engine_dtype: run_ours(model_dir, workload, adapter_dirs, pool, d)
+            systems[name, "d"] = lambda d=engine_dtype: run_ours(model_dir, workload, None, pool, d)
+            systems[name, "e"] = lambda d=engine_dtype: run_ours(merged, workload, None, pool, d)
+            if not args.skip_peft:
+                peft_model = load_peft(model_dir, adapter_dirs, dtype=torch_dtype)
+                systems[name, "b"] = lambda m=peft_model: run_peft_batched(m, workload)
+                systems[name, "c"] = lambda m=peft_model: run_peft_sequential(m, workload)
+        runs: dict[tuple[str, str], Run] = {}
+        # Rounds run every system (in every dtype) in turn, and each keeps its fastest round: on a shared
+        # machine noise only ever adds time, and interleaving spreads a slow spell over all systems alike.
         for round_ in range(args.repeats):
-            for key, run in systems.items():
+            for system, run in systems.items():
                 result = run()
-                say(f"round {round_ + 1}: ({key}) {result.wall:.1f} s")
-                if key not in runs or result.wall < runs[key].wall:
-                    runs[key] = result
-        report(runs, wanted, prompt_tokens, spec, args.adapters, peak)
+                say(f"round {round_ + 1}: {system[0]} ({system[1]}) {result.wall:.1f} s")
+                if system not in runs or result.wall < runs[system].wall:
+                    runs[system] = result
+        for name in dtypes:
+            say(f"--- {name}")
+            of_dtype = {key: run for (d, key), run in runs.items() if d == name}
+            report(of_dtype, wanted, prompt_tokens, spec, args.adapters, peaks[name])
+        if len(dtypes) > 1:
+            low = dtypes[1]
+            say(f"--- {low} against fp32 (tok/s ratio; by CPU time in brackets), same run")
+            line = []
+            for key in sorted({key for _, key in runs}):
+                fast, base = runs[low, key], runs["fp32", key]
+                line.append(f"({key}) {base.wall / fast.wall:.2f} [{base.cpu / fast.cpu:.2f}]")
+            say(" ".join(line))
+            ratio = runs["fp32", "a"].wall / runs[low, "a"].wall
+            say(f"RESULT {low}/fp32 ours with adapters (a)={ratio:.2f}x")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -59,19 +59,21 @@ class KernelBackend(ABC):
         context_lens: torch.Tensor,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Decode attention of one query token per sequence over its paged KV cache: every cached token, or
-        with a sliding ``window`` the last ``window`` of them (positions ``>= context_lens[b] - window``)."""
+        with a sliding ``window`` the last ``window`` of them (positions ``>= context_lens[b] - window``);
+        ``softcap`` caps each scaled score ``s`` as ``softcap * tanh(s / softcap)`` (Gemma 2)."""
 
 
 class TorchBackend(KernelBackend):
-    """Vectorised torch ops; in fp32 on CPU the C loops, when they build (decided here, not per call)."""
+    """Vectorised torch ops; in fp32 or bf16 on CPU the C loops, when they build (decided here, not per call)."""
 
     name = "torch"
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(device)
-        self.loops = torch_ops.c_loops() if device.type == "cpu" and dtype == torch.float32 else None
+        self.loops = torch_ops.c_loops() if device.type == "cpu" and dtype in torch_ops.C_DTYPES else None
         self._plan: torch_ops.CStepPlan | None = None
         self._workspace: torch.Tensor | None = None  # the C loop's scratch, kept across steps
 
@@ -102,9 +104,10 @@ class TorchBackend(KernelBackend):
         context_lens: torch.Tensor,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return torch_ops.paged_attention_decode_with(
-            self.loops, q, k_cache, v_cache, block_tables, context_lens, scale, window
+            self.loops, q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
         )
 
 
@@ -147,9 +150,10 @@ class TritonBackend(KernelBackend):
         context_lens: torch.Tensor,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return self._attention.paged_attention_decode(
-            q, k_cache, v_cache, block_tables, context_lens, scale, window, interpret=self.interpret
+            q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, interpret=self.interpret
         )
 
 

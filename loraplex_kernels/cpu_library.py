@@ -35,12 +35,12 @@ _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 SIGNATURES = {
     "lora_segments": [
         _ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64,
-        _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64,
+        _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64,
     ],
-    "panel_linear": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64],
+    "panel_linear": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64],
     "paged_attention_decode": [
-        _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _ptr, _ptr, _i64,
-        _i64, _i64,
+        _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32, _ptr, _ptr,
+        _i64, _i64, _i64, _i64,
     ],
 }  # fmt: skip
 
@@ -91,4 +91,5 @@ def c_library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.restype, function.argtypes = None, argtypes
     lib.gemm_uses_avx512.restype, lib.gemm_uses_avx512.argtypes = ctypes.c_int, []
+    lib.gemm_amx_ready.restype, lib.gemm_amx_ready.argtypes = ctypes.c_int, []
     return lib

@@ -103,6 +103,7 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending over its first ``context_lens[b]`` cached tokens.
 
@@ -111,6 +112,7 @@ def paged_attention_decode(
     ``h // (num_heads // num_kv_heads)`` (GQA). Returns ``[B, num_heads, head_dim]`` in ``q.dtype``.
     With a sliding ``window`` only the last ``window`` tokens are read: positions below
     ``context_lens[b] - window`` are skipped (the query is the token at ``context_lens[b] - 1``).
+    With ``softcap`` each scaled score ``s`` becomes ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2).
     """
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -127,6 +129,8 @@ def paged_attention_decode(
         keys = keys.repeat_interleave(group, dim=1)  # [n, num_heads, head_dim]
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].float(), keys) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", probs, values).to(q.dtype)
     return out

@@ -2,7 +2,7 @@
 
 Adapter rows are read in place: when a matrix's rows are evenly spaced by their width (the pool packs
 each fused group's A rows, and each projection's B^T rows, adjacently), the matrix is a zero-copy view
-of the arena; otherwise its rows are gathered. In fp32 every segment of a layer and fused group goes
+of the arena; otherwise its rows are gathered. In fp32 and bf16 every segment of a layer and fused group goes
 through one call of a small C loop (``cpu_sgmv.c``, built once per machine by ``cpu_library``)
 when a C compiler exists: at decode a torch op costs far more to dispatch than to compute, and at
 prefill the loop's blocked shrink and expand beat per-segment matmuls (about 0.5 s of the engine benchmark's
@@ -24,6 +24,8 @@ from loraplex_kernels.layout import NO_ADAPTER, LayerLoraTables, Segments, Slice
 # The C loop's work items: a (chunk of at most this many tokens of one segment, slice). Chunks let a long
 # prefill segment use every thread, and keep a chunk's rows of x and y in L1/L2 while the adapter rows pass.
 C_CHUNK_TOKENS = 64
+# What the C loops compute in (fp32 arithmetic either way; bf16 tensors are widened as they are read).
+C_DTYPES = (torch.float32, torch.bfloat16)
 # The C attention loop's limits (cpu_attention.c: MAX_BLOCK, and whole 8-float vectors per head).
 C_ATTENTION_MAX_BLOCK = 64
 
@@ -146,7 +148,7 @@ def add_lora(
     segs: Segments,
 ) -> None:
     """``y += scale * B(A x)`` for every slice of ``group``: one C call for the whole step where the loop
-    applies (fp32 on CPU), else one shrink matmul per segment, then the expands.
+    applies (fp32 or bf16 on CPU), else one shrink matmul per segment, then the expands.
 
     A convenience that decides and plans on every call; the engine's ``TorchBackend`` does both once."""
     if segs.max_rank == 0:
@@ -166,11 +168,11 @@ def add_lora_planned(
 ) -> None:
     """:func:`add_lora` through the step's C plan when there is one, else per-segment matmuls.
 
-    With a plan the caller vouches for the C loop's layout: fp32 CPU tensors, ``x`` and ``y`` rows of unit
-    column stride, and tables laid out as :class:`LoraTables` makes them."""
+    With a plan the caller vouches for the C loop's layout: CPU tensors all fp32 or all bf16, ``x`` and ``y``
+    rows of unit column stride, and tables laid out as :class:`LoraTables` makes them."""
     if segs.max_rank == 0:
         return
-    if plan is not None:
+    if plan is not None and x.dtype == y.dtype == arena.dtype:  # the C loop reads all three in one dtype
         _add_lora_c(plan, y, x, arena, tables, group, segs)
         return
     for seg_plan in _plan(arena, tables, group, segs, x.shape[1]):
@@ -237,10 +239,11 @@ def c_step_plan(segs: Segments, loops: CLoops | None, workspace: torch.Tensor | 
 
 
 def _c_eligible(y: torch.Tensor, x: torch.Tensor, arena: torch.Tensor, tables: LayerLoraTables) -> bool:
-    """Whether the C loop's assumptions (CPU fp32, unit column strides, layout dtypes) hold for one call."""
+    """Whether the C loop's assumptions (CPU, fp32 or bf16, unit column strides, layout dtypes) hold for one call."""
     return (
         y.device.type == x.device.type == arena.device.type == tables.ranks.device.type == "cpu"
-        and y.dtype == x.dtype == arena.dtype == tables.scales.dtype == torch.float32
+        and y.dtype == x.dtype == arena.dtype in C_DTYPES
+        and tables.scales.dtype == torch.float32
         and tables.a_rows.dtype == tables.b_rows.dtype == torch.int64
         and tables.ranks.dtype == torch.int32
         and y.stride(1) == 1
@@ -277,7 +280,7 @@ def _add_lora_c(
         projections, out_offsets, out_widths,
         tables.a_rows.data_ptr(), tables.b_rows.data_ptr(), tables.a_rows.stride(0), tables.a_rows.stride(1),
         tables.ranks.data_ptr(), tables.scales.data_ptr(), tables.ranks.stride(0), tables.ranks.stride(1),
-        step.workspace.data_ptr(), step.per_thread, step.threads,
+        step.workspace.data_ptr(), step.per_thread, x.dtype == torch.bfloat16, step.threads,
     )  # fmt: skip
 
 
@@ -287,7 +290,7 @@ def _c_attention_eligible(
     head_dim = q.shape[2]
     return (
         all(t.device.type == "cpu" for t in (q, k_cache, v_cache, block_tables, lens))
-        and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and q.dtype == k_cache.dtype == v_cache.dtype in C_DTYPES
         and k_cache.stride() == v_cache.stride()
         and k_cache.stride(3) == 1
         and k_cache.stride(2) == head_dim
@@ -316,13 +319,16 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its first ``context_lens[b]`` cached tokens (GQA aware), or only
-    the last ``window`` of them.
+    the last ``window`` of them; ``softcap`` caps scaled scores as ``softcap * tanh(s / softcap)``.
 
     A convenience that looks up the C loops on every call; the engine's ``TorchBackend`` resolves them once.
     """
-    return paged_attention_decode_with(c_loops(), q, k_cache, v_cache, block_tables, context_lens, scale, window)
+    return paged_attention_decode_with(
+        c_loops(), q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
+    )
 
 
 def paged_attention_decode_with(
@@ -334,6 +340,7 @@ def paged_attention_decode_with(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """:func:`paged_attention_decode` through ``loops`` where the tensors suit them, else in torch.
 
@@ -354,12 +361,15 @@ def paged_attention_decode_with(
         threads = loops.threads
         parts = _head_parts(batch, num_kv_heads, threads)
         per_thread = min(max_len, window or max_len) * num_heads // parts
+        bf16 = q.dtype == torch.bfloat16
+        if bf16:  # the item's q and output, widened to fp32
+            per_thread += 2 * head_dim * num_heads // parts
         scratch = torch.empty(threads * per_thread, dtype=torch.float32)
         loops.lib.paged_attention_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
             block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch, num_heads,
-            num_kv_heads, head_dim, block_size, window or 0, scale, out.data_ptr(), scratch.data_ptr(), per_thread,
-            parts, threads,
+            num_kv_heads, head_dim, block_size, window or 0, scale, softcap or 0.0, out.data_ptr(), scratch.data_ptr(),
+            per_thread, parts, bf16, threads,
         )  # fmt: skip
         return out
     num_blocks = -(-max_len // block_size)
@@ -374,16 +384,35 @@ def paged_attention_decode_with(
     if window is not None:
         mask &= positions >= lens - window
     mask = mask[:, None, None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().unsqueeze(2),
-        keys.float().transpose(1, 2),
-        values.float().transpose(1, 2),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
-    )
+    if softcap is None:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.float().unsqueeze(2),
+            keys.float().transpose(1, 2),
+            values.float().transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+    else:  # SDPA cannot cap scores: the same attention, spelled out
+        out = softcapped_attention(q.float().unsqueeze(2), keys.float(), values.float(), mask, scale, softcap)
     out = out.squeeze(2)
     empty = context_lens == 0
     if bool(empty.any()):  # nothing to attend to: zeros, as the reference (softmax of nothing is NaN)
         out[empty.to(out.device)] = 0
     return out.to(q.dtype)
+
+
+def softcapped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
+    """Attention with scores capped as ``softcap * tanh(s / softcap)`` before the mask and softmax (Gemma 2).
+
+    ``q``: ``[B, heads, M, d]``; ``keys``/``values``: ``[B, N, kv_heads, d]``; ``mask``: bool, broadcast to
+    ``[B, heads, M, N]``. Rows whose mask is all False come back as NaN, as SDPA's do."""
+    group = q.shape[1] // keys.shape[2]
+    keys = keys.transpose(1, 2).repeat_interleave(group, dim=1)
+    values = values.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype), values)

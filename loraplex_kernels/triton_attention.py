@@ -23,6 +23,12 @@ NO_WINDOW = 2**31 - 1  # the window passed for full attention: longer than any c
 
 
 @triton.jit
+def _tanh(x):
+    # No tanh in tl (libdevice's is missing under the interpreter); exp overflowing to inf still gives 1.
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -38,6 +44,7 @@ def _decode_kernel(
     head_dim,
     partition,
     window,
+    softcap_log2,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -63,6 +70,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
@@ -109,6 +117,8 @@ def _decode_kernel(
             other=0.0,
         )
         scores = dot(q, k_tile, INTERPRET) * scale_log2
+        if SOFTCAP:  # softcap * tanh(s / softcap), in the log2 units of the online softmax
+            scores = softcap_log2 * _tanh(scores / softcap_log2)
         scores = tl.where(t_ok[None, :], scores, float("-inf"))
         # Every tile holds at least one live token, so m_new is finite and no NaN appears.
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -190,12 +200,14 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
     *,
     config: AttentionConfig | None = None,
     interpret: bool | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, num_heads, head_dim]`` over the first ``context_lens[b]`` cached tokens, or
-    with a sliding ``window`` over the last ``window`` of them."""
+    with a sliding ``window`` over the last ``window`` of them; ``softcap`` caps each scaled score ``s`` as
+    ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads:
@@ -240,6 +252,7 @@ def paged_attention_decode(
         head_dim,
         cfg.partition,
         NO_WINDOW if window is None else window,
+        (softcap or 1.0) * math.log2(math.e),
         *q.stride(),
         k_cache.stride(0),
         k_cache.stride(1),
@@ -257,6 +270,7 @@ def paged_attention_decode(
         BLOCK_D=block_d,
         BLOCK_N=cfg.block_n,
         SPLIT=partitions > 1,
+        SOFTCAP=softcap is not None,
         INTERPRET=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

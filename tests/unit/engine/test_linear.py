@@ -53,6 +53,29 @@ def test_strided_rows_are_read_correctly(layout: str) -> None:
         torch.testing.assert_close(linear(x), x @ weight_t, rtol=1e-5, atol=1e-4)
 
 
+# 96 inputs: whole AMX steps of 32 where the CPU has AMX; 97: the vector loop, with an odd last input row.
+@pytest.mark.parametrize("in_features", [96, 97])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_panels_match_an_fp32_matmul_of_the_same_values(in_features: int, bias: bool) -> None:
+    """In bf16 the panels take bf16 rows and give bf16 rows: one rounding of the fp32 result, at every row count
+    (AMX blocks of 32 and 16 rows and a cut tail), partial panels and strided rows included."""
+    if not panel_gemm_suits(torch.zeros(1, 1, dtype=torch.bfloat16)):
+        pytest.skip("the C library does not build here")
+    gen = torch.Generator().manual_seed(2)
+    weight_t = torch.randn(in_features, 45, generator=gen).bfloat16()
+    b = torch.randn(45, generator=gen).bfloat16() if bias else None
+    linear = Linear(weight_t, b)
+    assert linear._panels is not None and linear.num_bytes() < weight_t.numel() * 4
+    assert torch.equal(linear.dense_weight_t(), weight_t)
+    for rows in [*ROWS, 15, 16, 17, 31, 32, 33, 47, 48]:
+        wide = torch.randn(rows, in_features + 9, generator=gen).bfloat16()
+        x = wide[:, 3 : 3 + in_features]
+        expected = x.float() @ weight_t.float() + (b.float() if b is not None else 0)
+        y = linear(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 45)
+        torch.testing.assert_close(y.float(), expected, rtol=8e-3, atol=1e-2, msg=f"{rows} rows")
+
+
 def test_row_counts_reach_onednn_from_a_small_fixed_set() -> None:
     buckets = {row_bucket(rows) for rows in range(1, MAX_PACKED_ROWS + 1)}
     assert len(buckets) == 14

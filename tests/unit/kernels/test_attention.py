@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from loraplex_kernels import reference, triton_attention
+from loraplex_kernels import reference, torch_ops, triton_attention
 from loraplex_kernels.configs import AttentionConfig, attention_config
 from loraplex_kernels.layout import KVGeometry, kv_cache_views
 
@@ -43,9 +43,9 @@ def _paged_batch(block_size, num_kv_heads, group, head_dim, lengths, dtype, seed
     return q.to(DEVICE), k_cache, v_cache, block_tables.to(DEVICE), context_lens.to(DEVICE)
 
 
-def _sdpa(q, k_cache, v_cache, block_tables, context_lens, scale, window=None):
+def _sdpa(q, k_cache, v_cache, block_tables, context_lens, scale, window=None, softcap=None):
     """Float64 SDPA per sequence on K/V gathered from its pages (the last ``window`` of them with a window);
-    zeros for an empty context."""
+    zeros for an empty context. With ``softcap``, scaled scores ``s`` become ``softcap * tanh(s / softcap)``."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     group = q.shape[1] // k_cache.shape[2]
     for b, n in enumerate(context_lens.tolist()):
@@ -56,6 +56,10 @@ def _sdpa(q, k_cache, v_cache, block_tables, context_lens, scale, window=None):
         keys = k_cache[pages].flatten(0, 1)[first:n].double().cpu().repeat_interleave(group, dim=1)
         values = v_cache[pages].flatten(0, 1)[first:n].double().cpu().repeat_interleave(group, dim=1)
         query = q[b].double().cpu()[:, None, :]  # [heads, 1, head_dim]
+        if softcap is not None:  # as transformers' eager Gemma 2 attention: cap, then softmax
+            scores = torch.tanh(query @ keys.permute(1, 2, 0) * scale / softcap) * softcap
+            out[b] = (torch.softmax(scores, dim=-1) @ values.transpose(0, 1)).squeeze(1)
+            continue
         out[b] = F.scaled_dot_product_attention(
             query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale
         ).squeeze(1)
@@ -135,6 +139,45 @@ def test_sliding_window_decode_matches_reference_and_sdpa(shape, dtype, split):
     full = triton_attention.paged_attention_decode(*inputs, scale, config=config)
     for b, n in enumerate(lengths):
         assert torch.equal(out[b], full[b]) == (n <= window), (n, window)  # a window past the context: no-op
+
+
+# block_size, num_kv_heads, group, head_dim, context lengths, window (None: full attention)
+SOFTCAP_CASES = [
+    ((16, 2, 4, 32, (0, 1, 17, 40, 100), None), torch.float32),
+    ((8, 1, 8, 16, (5, 9, 33, 64), 8), torch.float32),
+    ((16, 2, 2, 32, (7, 13, 50), 24), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        pytest.param(shape, dtype, id=f"{_shape_id(shape[:5], dtype)}-window{shape[5]}")
+        for shape, dtype in SOFTCAP_CASES
+    ],
+)
+@pytest.mark.parametrize("split", [False, True], ids=["one-partition", "partitions"])
+def test_softcapped_decode_matches_reference_torch_and_sdpa(shape, dtype, split, monkeypatch):
+    """Gemma 2's attention logit soft-capping: every kernel caps the scaled scores before the softmax.
+
+    Scale 1 on unit-normal q and k gives scores of several units, so a cap of 3 changes every output."""
+    monkeypatch.setenv("LORAPLEX_CPU_KERNEL_THREADS", "2")
+    *geometry, lengths, window = shape
+    inputs = _paged_batch(*geometry, lengths, dtype, seed=2)
+    scale, softcap = 1.0, 3.0
+    config = AttentionConfig(block_n=16, partition=32) if split else None
+    out = triton_attention.paged_attention_decode(*inputs, scale, window, softcap, config=config)
+    expected = reference.paged_attention_decode(*inputs, scale, window, softcap)
+    assert_close(out.float(), expected.float(), **_tol(dtype))
+    assert_close(out.double().cpu(), _sdpa(*inputs, scale, window, softcap), **_tol(dtype))
+    uncapped = reference.paged_attention_decode(*inputs, scale, window)
+    assert (expected - uncapped).abs().max() > 0.1
+    if dtype == torch.float32 and DEVICE == "cpu":
+        loops = torch_ops.c_loops()
+        assert loops is not None, "the C loop should build here (a C compiler is installed)"
+        for with_loops in (loops, None):  # the C loop, and the vectorised torch ops
+            got = torch_ops.paged_attention_decode_with(with_loops, *inputs, scale, window, softcap)
+            assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_config_a_gpu_would_pick_for_a_small_batch_matches_reference():

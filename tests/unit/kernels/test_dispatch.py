@@ -49,14 +49,16 @@ def test_forcing_triton_runs_the_triton_kernels(monkeypatch):
     assert torch.equal(backend.paged_attention_decode(*inputs), triton_attention.paged_attention_decode(*inputs))
     windowed = backend.paged_attention_decode(*inputs, window=3)
     assert torch.equal(windowed, triton_attention.paged_attention_decode(*inputs, 3))
+    capped = backend.paged_attention_decode(*inputs, window=3, softcap=0.5)
+    assert torch.equal(capped, triton_attention.paged_attention_decode(*inputs, 3, 0.5))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_auto_on_cpu_is_torch_with_the_c_loops_only_in_fp32(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_auto_on_cpu_is_torch_with_the_c_loops_in_fp32_and_bf16(monkeypatch, dtype):
     monkeypatch.delenv("LORAPLEX_KERNELS", raising=False)
     backend = select_backend(CPU, dtype)
     assert isinstance(backend, TorchBackend)
-    assert (backend.loops is not None) == (dtype == torch.float32 and torch_ops.c_loops() is not None)
+    assert (backend.loops is not None) == (dtype != torch.float16 and torch_ops.c_loops() is not None)
     batch = make_batch(CASES[2], dtype)
     tables = batch.packed.layer_tables()
     y_backend, y_expected = batch.y.clone(), batch.y.clone()
@@ -69,6 +71,9 @@ def test_auto_on_cpu_is_torch_with_the_c_loops_only_in_fp32(monkeypatch, dtype):
     torch.testing.assert_close(backend.paged_attention_decode(*inputs), reference.paged_attention_decode(*inputs))
     torch.testing.assert_close(
         backend.paged_attention_decode(*inputs, window=3), reference.paged_attention_decode(*inputs, 3)
+    )
+    torch.testing.assert_close(
+        backend.paged_attention_decode(*inputs, softcap=0.5), reference.paged_attention_decode(*inputs, None, 0.5)
     )
 
 
