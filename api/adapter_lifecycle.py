@@ -23,7 +23,6 @@ from core.errors import InvalidRequest
 from core.ids import now
 from core.jobs import fine_tuned_model_name
 from core.models import Adapter, Tenant
-from core.projections import PROJECTIONS
 from core.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,7 @@ def uploaded_adapter_row(
         config_sha256=stored[ADAPTER_CONFIG_FILE].sha256 or "",
         rank=spec.max_rank,
         alpha=widest.alpha,
-        target_modules=[p for p in PROJECTIONS if p in adapted],
+        target_modules=[name for name in ctx.base_model.shapes.modules.names if name in adapted],
         size_bytes=sum(info.size for info in stored.values()),
     )
 

@@ -30,16 +30,20 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 # ResolvedHyperparameters.resolve() names the field first in its messages ("lora_r must be ...").
-_RESOLVE_FIELDS = ("lora_r", "max_seq_len")
+_RESOLVE_FIELDS = ("lora_r", "max_seq_len", "target_modules")
 
 
-def resolve_hyperparameters(body: JobCreate, settings: Settings, context_length: int | None) -> ResolvedHyperparameters:
+def resolve_hyperparameters(
+    body: JobCreate, settings: Settings, context_length: int | None, model_type: str | None = None
+) -> ResolvedHyperparameters:
     """Concrete hyperparameters, or ``InvalidRequest`` whose ``param`` names the offending one."""
     requested, where = body.requested_hyperparameters()
     if body.hyperparameters is not None and body.method is not None and where != "hyperparameters":
         raise InvalidRequest("give hyperparameters either at the top level or in method, not both", param="method")
     try:
-        return requested.resolve(max_lora_rank=settings.max_lora_rank, context_length=context_length)
+        return requested.resolve(
+            max_lora_rank=settings.max_lora_rank, context_length=context_length, model_type=model_type
+        )
     except ValueError as exc:
         message = str(exc)
         field = next((f for f in _RESOLVE_FIELDS if message.startswith(f)), None)
@@ -109,7 +113,8 @@ def queue_validated(session: Session, job_id: str, examples: dict[str, int | Non
 def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
     check_base_model(body.model, ctx.base_model.name)
-    hyperparameters = resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length)
+    model_type = ctx.base_model.config.get("model_type")
+    hyperparameters = resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length, model_type)
     with ctx.session() as session:
         files = [(_fine_tune_file(session, tenant, body.training_file, "training_file"), "training_file")]
         if body.validation_file is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InvalidRequest
-from core.projections import ATTENTION_PROJECTIONS, PROJECTIONS
+from core.projections import FUSED_MODULES, SEPARATE_MODULES, AdapterModules, adapter_modules
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ class UnexpectedTensorError(AdapterFormatError):
 
 @dataclass(frozen=True)
 class BaseShapes:
-    """What an adapter must fit: the base model's layer count and projection widths.
+    """What an adapter must fit: the base model's layer count, projection widths and module names.
 
     Built from the parsed ``config.json`` by :meth:`core.model_sizes.ModelSizes.base_shapes`.
     """
@@ -100,11 +100,17 @@ class BaseShapes:
     intermediate_size: int
     q_size: int  # num_heads * head_dim
     kv_size: int  # num_kv_heads * head_dim
+    model_type: str = ""  # config.json's; picks the module names adapters use (core.projections.FAMILY_MODULES)
+
+    @property
+    def modules(self) -> AdapterModules:
+        """The modules this base model's adapters may target."""
+        return adapter_modules(self.model_type)
 
     def in_out(self, projection: str) -> tuple[int, int]:
-        """``(in_features, out_features)`` of a projection."""
+        """``(in_features, out_features)`` of a projection, or of a fused module (rows of its projections)."""
         h, i = self.hidden_size, self.intermediate_size
-        return {
+        sizes = {
             "q_proj": (h, self.q_size),
             "k_proj": (h, self.kv_size),
             "v_proj": (h, self.kv_size),
@@ -112,20 +118,27 @@ class BaseShapes:
             "gate_proj": (h, i),
             "up_proj": (h, i),
             "down_proj": (i, h),
-        }[projection]
+        }
+        if projection in sizes:
+            return sizes[projection]
+        module = self.modules.get(projection)
+        if module is None:
+            raise KeyError(projection)
+        return sizes[module.projections[0]][0], sum(sizes[p][1] for p in module.projections)
 
 
 @dataclass(frozen=True)
 class LoraModule:
-    """One adapted projection of one layer, as declared by the config and found in the header."""
+    """One adapted module of one layer, as declared by the config and found in the header."""
 
     layer: int
-    projection: str
+    projection: str  # the module's name in the family (q_proj, ..., or Phi-3's fused qkv_proj, gate_up_proj)
     rank: int
     alpha: float
     scale: float
     a_key: str
     b_key: str
+    slices: tuple[tuple[str, int], ...]  # (projection, rows of B) in B's row order: one entry unless fused
 
 
 @dataclass(frozen=True)
@@ -157,7 +170,12 @@ class LoraTensors:
 
 @dataclass
 class AdapterWeights:
-    """Tensors of every adapted module, keyed by ``(layer, projection)``."""
+    """Tensors of every adapted projection, keyed by ``(layer, projection)`` with our projection names.
+
+    A fused module's LoRA (Phi-3's qkv_proj: A ``[r, hidden]``, B ``[q + 2 kv, r]``) is the LoRAs of its
+    projections sharing A, each with its rows of B; it is stored that way, so the pool keeps one copy of A
+    per projection (qkv_proj: 3 r hidden elements for A where the file has r hidden; gate_up_proj: 2).
+    """
 
     modules: dict[tuple[int, str], LoraTensors]
 
@@ -168,8 +186,17 @@ class AdapterWeights:
 
 def module_name(layer: int, projection: str) -> str:
     """The module path PEFT matches patterns against, e.g. ``model.layers.3.self_attn.q_proj``."""
-    parent = "self_attn" if projection in ATTENTION_PROJECTIONS else "mlp"
-    return f"model.layers.{layer}.{parent}.{projection}"
+    return f"model.layers.{layer}.{_PARENTS[projection]}.{projection}"
+
+
+# Every family's module names (fused ones too) and the module they sit under; a name has one parent in all.
+_PARENTS = {m.name: m.parent for family in (SEPARATE_MODULES, FUSED_MODULES) for m in family.modules}
+
+
+def _unknown_module_message(name: str, base: BaseShapes) -> str:
+    family = f"a {base.model_type}" if base.model_type else "this"
+    names = ", ".join(base.modules.names)
+    return f"{name}, which {family} base model does not have; its LoRA target modules are {names}"
 
 
 def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
@@ -323,9 +350,10 @@ def _matches(spec: str | list[str], key: str) -> bool:
 
 def _targets(config: dict[str, Any], base: BaseShapes) -> set[tuple[int, str]]:
     """The (layer, projection) pairs PEFT would adapt, following its matching rules."""
+    names = base.modules.names
     targets = config.get("target_modules")
     if isinstance(targets, str) and targets.lower() == "all-linear":
-        targets = list(PROJECTIONS)
+        targets = list(names)
     if not (isinstance(targets, str) or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
         raise AdapterConfigError(
             "target_modules must be a list of module names or a regex string", param="target_modules"
@@ -341,6 +369,11 @@ def _targets(config: dict[str, Any], base: BaseShapes) -> set[tuple[int, str]]:
                 f"target_modules adapts {outside}; only q/k/v/o/gate/up/down projections are served",
                 param="target_modules",
             )
+    for target in targets if isinstance(targets, list) else ():
+        if target.rsplit(".", 1)[-1] not in names:
+            raise AdapterConfigError(
+                f"target_modules names {_unknown_module_message(target, base)}", param="target_modules"
+            )
     excluded = config.get("exclude_modules")
     if excluded is not None and not (
         isinstance(excluded, str) or (isinstance(excluded, list) and all(isinstance(e, str) for e in excluded))
@@ -355,13 +388,13 @@ def _targets(config: dict[str, Any], base: BaseShapes) -> set[tuple[int, str]]:
         )
     found = set()
     for layer in range(base.num_layers):
-        for projection in PROJECTIONS:
-            key = module_name(layer, projection)
+        for name in names:
+            key = module_name(layer, name)
             if excluded and _matches(excluded, key):
                 continue
             # PEFT applies layers_to_transform only to list-style target_modules.
             if _matches(targets, key) and (isinstance(targets, str) or not layers or layer in layers):
-                found.add((layer, projection))
+                found.add((layer, name))
     return found
 
 
@@ -371,12 +404,15 @@ def _parse_key(key: str, base: BaseShapes) -> tuple[int, str, str]:
     if "lora_magnitude_vector" in key:
         raise UnsupportedAdapterError(f"{key}: DoRA magnitude vectors are not served", param=key)
     m = _KEY_RE.match(key)
-    if m is None or m["proj"] not in PROJECTIONS:
+    if m is None:
         raise UnexpectedTensorError(
-            f"unexpected tensor {key}: only LoRA A/B weights of the seven projections", param=key
+            f"unexpected tensor {key}: only LoRA A/B weights of {', '.join(base.modules.names)}", param=key
         )
     layer, proj = int(m["layer"]), m["proj"]
-    if (m["parent"] == "self_attn") != (proj in ATTENTION_PROJECTIONS):
+    module = base.modules.get(proj)
+    if module is None:
+        raise UnexpectedTensorError(f"unexpected tensor {key}: {_unknown_module_message(proj, base)}", param=key)
+    if m["parent"] != module.parent:
         raise UnexpectedTensorError(f"unexpected tensor {key}: {proj} is not under {m['parent']}", param=key)
     if layer >= base.num_layers:
         raise UnexpectedTensorError(f"{key}: the base model has only {base.num_layers} layers", param=key)
@@ -412,14 +448,16 @@ def inspect_adapter(adapter_dir: str | Path, base: BaseShapes, max_rank: int) ->
     _check_key_set(keys, targets)
 
     dtypes = {h.dtype for h in headers.values()}
+    order = base.modules.names
     modules = []
-    for (layer, proj), pair in sorted(keys.items(), key=lambda kv: (kv[0][0], PROJECTIONS.index(kv[0][1]))):
+    for (layer, proj), pair in sorted(keys.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
         name = module_name(layer, proj)
         rank = _pattern_value(rank_pattern, name, default_rank)
         alpha = float(_pattern_value(alpha_pattern, name, default_alpha))
         _check_shapes(headers, pair, base.in_out(proj), rank, name)
         scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
-        modules.append(LoraModule(layer, proj, rank, alpha, scale, pair["A"], pair["B"]))
+        slices = tuple((p, base.in_out(p)[1]) for p in base.modules.get(proj).projections)  # type: ignore[union-attr]
+        modules.append(LoraModule(layer, proj, rank, alpha, scale, pair["A"], pair["B"], slices))
     if not modules:
         raise UnexpectedTensorError(f"{ADAPTER_WEIGHTS_FILE} holds no LoRA tensors", param=ADAPTER_WEIGHTS_FILE)
     return AdapterSpec(path=adapter_dir, modules=tuple(modules), use_rslora=use_rslora, dtype="/".join(sorted(dtypes)))
@@ -461,7 +499,8 @@ def _check_shapes(
 
 
 def load_adapter_weights(spec: AdapterSpec) -> AdapterWeights:
-    """Read the validated tensors (through safetensors, never pickle) in fp32."""
+    """Read the validated tensors (through safetensors, never pickle) in fp32, a fused module's split into
+    its projections: one shared A, B cut by rows (see :class:`AdapterWeights`)."""
     import torch
     from safetensors import safe_open
 
@@ -472,5 +511,7 @@ def load_adapter_weights(spec: AdapterSpec) -> AdapterWeights:
             b = f.get_tensor(m.b_key).to(torch.float32)
             if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
                 raise AdapterShapeError(f"{module_name(m.layer, m.projection)} holds NaN or inf", param=m.a_key)
-            modules[(m.layer, m.projection)] = LoraTensors(a=a, b=b, scale=m.scale)
+            rows = b.split([n for _, n in m.slices])
+            for (projection, _), b_rows in zip(m.slices, rows, strict=True):
+                modules[(m.layer, projection)] = LoraTensors(a=a, b=b_rows, scale=m.scale)
     return AdapterWeights(modules)

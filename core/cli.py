@@ -65,13 +65,22 @@ def make_tiny_model_cmd(
     kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 2,
     intermediate: Annotated[int | None, typer.Option(help="MLP width (default 8/3 * hidden).")] = None,
     seed: Annotated[int, typer.Option(help="Weight seed; same arguments give identical files.")] = 0,
-    family: Annotated[str, typer.Option(help="llama, mistral, qwen2 (q/k/v biases) or qwen3 (q/k norms).")] = "llama",
+    family: Annotated[
+        str,
+        typer.Option(
+            help="llama, mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused, LongRoPE), "
+            "gemma2 (soft-capping) or gemma3 (Gemma 3 text: local and global rope)."
+        ),
+    ] = "llama",
     head_dim: Annotated[
         int | None, typer.Option(help="Head width (default hidden/heads; qwen3: twice that, as Qwen3 does).")
     ] = None,
     sliding_window: Annotated[
         int | None,
-        typer.Option(help="mistral/qwen2/qwen3: a window that binds (qwen: upper half of the layers). Default: none."),
+        typer.Option(
+            help="mistral/qwen2/qwen3/phi3/gemma2/gemma3: a window that binds (qwen: upper half of the layers; "
+            "gemma: local layers). Default: none (phi3, gemma2, gemma3: 16 tokens)."
+        ),
     ] = None,
 ) -> None:
     """Write a small random-init Llama-family model with a byte-level tokenizer (for tests and trying things out)."""
@@ -93,7 +102,15 @@ def make_tiny_model_cmd(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     path = make_tiny_model(out_dir, spec)
-    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    name = {
+        "llama": "Llama",
+        "mistral": "Mistral",
+        "qwen2": "Qwen2",
+        "qwen3": "Qwen3",
+        "phi3": "Phi-3",
+        "gemma2": "Gemma 2",
+        "gemma3": "Gemma 3",
+    }[family]
     console.print(f"wrote tiny {name} to {path}")
 
 

@@ -12,7 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from core.projections import FAMILY_MODULES, adapter_modules
 from core.projections import PROJECTIONS as ALL_TARGETS
+
+# Every module name some family has (Phi-3's fused ones too); resolve() checks them against the base model.
+KNOWN_TARGETS = tuple(dict.fromkeys([*ALL_TARGETS, *(n for family in FAMILY_MODULES.values() for n in family.names)]))
 
 BASE_LEARNING_RATE = 2e-4  # what learning_rate_multiplier=1 means for LoRA
 DEFAULT_EPOCHS = 3
@@ -31,7 +35,9 @@ class Hyperparameters(BaseModel):
     lora_r: int = Field(default=8)
     lora_alpha: float | None = Field(default=None, description="Default: 2 * lora_r.")
     lora_dropout: float = Field(default=0.0)
-    target_modules: list[str] | None = Field(default=None, description="Default: all seven projections.")
+    target_modules: list[str] | None = Field(
+        default=None, description="Default: all seven projections (for Phi-3 its four modules, which fuse them)."
+    )
     max_seq_len: int = Field(default=1024)
 
     @field_validator("n_epochs")
@@ -83,10 +89,10 @@ class Hyperparameters(BaseModel):
             return v
         if not v:
             raise ValueError("target_modules must name at least one projection")
-        unknown = sorted(set(v) - set(ALL_TARGETS))
+        unknown = sorted(set(v) - set(KNOWN_TARGETS))
         if unknown:
-            raise ValueError(f"unknown target_modules {unknown}; choose from {list(ALL_TARGETS)}")
-        return [t for t in ALL_TARGETS if t in v]  # canonical order, no duplicates
+            raise ValueError(f"unknown target_modules {unknown}; choose from {list(KNOWN_TARGETS)}")
+        return [t for t in KNOWN_TARGETS if t in v]  # canonical order, no duplicates
 
     @field_validator("max_seq_len")
     @classmethod
@@ -95,13 +101,20 @@ class Hyperparameters(BaseModel):
             raise ValueError("max_seq_len must be between 8 and 131072")
         return v
 
-    def resolve(self, *, max_lora_rank: int, context_length: int | None = None) -> ResolvedHyperparameters:
-        """Concrete values for training; raises ``ValueError`` naming the field when out of bounds."""
+    def resolve(
+        self, *, max_lora_rank: int, context_length: int | None = None, model_type: str | None = None
+    ) -> ResolvedHyperparameters:
+        """Concrete values for training; raises ``ValueError`` naming the field when out of bounds.
+
+        With the base model's ``model_type``, ``target_modules`` become that family's module names."""
         if not 1 <= self.lora_r <= max_lora_rank:
             raise ValueError(f"lora_r must be between 1 and {max_lora_rank} (the platform's max rank)")
         if context_length is not None and self.max_seq_len > context_length:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the base model's context of {context_length}")
         multiplier = 1.0 if self.learning_rate_multiplier == "auto" else float(self.learning_rate_multiplier)
+        targets = list(self.target_modules or ALL_TARGETS)
+        if model_type is not None:
+            targets = list(adapter_modules(model_type).targets(targets))
         return ResolvedHyperparameters(
             n_epochs=DEFAULT_EPOCHS if self.n_epochs == "auto" else self.n_epochs,
             batch_size=DEFAULT_BATCH_SIZE if self.batch_size == "auto" else self.batch_size,
@@ -110,7 +123,7 @@ class Hyperparameters(BaseModel):
             lora_r=self.lora_r,
             lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_r,
             lora_dropout=self.lora_dropout,
-            target_modules=list(self.target_modules or ALL_TARGETS),
+            target_modules=targets,
             max_seq_len=self.max_seq_len,
         )
 

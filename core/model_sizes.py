@@ -15,7 +15,7 @@ from core.adapter_format import BaseShapes
 
 @dataclass(frozen=True)
 class ModelSizes:
-    """Layer count and widths of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
+    """Layer count and widths of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3) and its model_type."""
 
     num_layers: int
     hidden_size: int
@@ -23,6 +23,7 @@ class ModelSizes:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    model_type: str  # "" when config.json has none; it picks the module names adapters use
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelSizes:
@@ -35,6 +36,7 @@ class ModelSizes:
             num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+            model_type=str(config.get("model_type") or ""),
         )
 
     @property
@@ -47,4 +49,6 @@ class ModelSizes:
 
     def base_shapes(self) -> BaseShapes:
         """The shapes adapters are validated against."""
-        return BaseShapes(self.num_layers, self.hidden_size, self.intermediate_size, self.q_size, self.kv_size)
+        return BaseShapes(
+            self.num_layers, self.hidden_size, self.intermediate_size, self.q_size, self.kv_size, self.model_type
+        )

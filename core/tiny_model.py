@@ -17,7 +17,9 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 BYTE_OFFSET = len(SPECIAL_TOKENS)  # token id of byte b is b + BYTE_OFFSET
 VOCAB_SIZE = BYTE_OFFSET + 256
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+PHI3_WINDOW = 16  # phi3's default window: shorter than test prompts, as Phi-3-mini's 2047 is than its context
+GEMMA_WINDOW = 16  # gemma2's and gemma3's default window on their local layers, likewise (Gemma 2's is 4096)
 
 # Loss is computed on what the assistant says, so the template marks it with {% generation %} for
 # `return_assistant_tokens_mask`; every turn ends with </s> so generation stops where training did.
@@ -49,7 +51,7 @@ class TinyModelSpec:
     family: str = "llama"
     head_dim: int | None = None  # default hidden / heads; for qwen3 twice that, as in Qwen3-0.6B
     # mistral, qwen2, qwen3: a window that matters (qwen: on the upper half of the layers, via max_window_layers);
-    # None writes the fields as their released configs do, with a window that never binds.
+    # None writes the fields as their released configs do, with a window that never binds (phi3: PHI3_WINDOW).
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -57,14 +59,20 @@ class TinyModelSpec:
             raise ValueError(f"--family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
             raise ValueError(f"--head-dim must be an even number >= 2, got {self.head_dim}")
+        if self.family == "phi3" and self.head_dim is not None:
+            raise ValueError("--head-dim is not a Phi-3 setting: its heads are hidden / heads wide")
         if self.sliding_window is not None and (self.family == "llama" or self.sliding_window < 1):
-            raise ValueError("--sliding-window takes a positive number of tokens, for mistral, qwen2 and qwen3")
+            raise ValueError("--sliding-window takes a positive number of tokens, for every family but llama")
         if self.hidden % self.heads:
             raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"--heads ({self.heads}) must be divisible by --kv-heads ({self.kv_heads})")
         if min(self.hidden, self.layers, self.heads, self.kv_heads) < 1:
             raise ValueError("--hidden, --layers, --heads and --kv-heads must be >= 1")
+        if self.family == "phi3" and int(self.hidden // self.heads * 0.75) % 2:
+            raise ValueError(
+                f"phi3 rotates 3/4 of each head: 3/4 of hidden / heads ({self.hidden // self.heads}) must be even"
+            )
 
     @property
     def intermediate_size(self) -> int:
@@ -108,6 +116,8 @@ class TinyModelSpec:
         }
         if self.family == "llama":
             return llama
+        if self.family in ("gemma2", "gemma3"):
+            return self._gemma_config(llama)
         del llama["attention_bias"], llama["mlp_bias"]
         window = self.sliding_window
         if self.family == "mistral":  # as Mistral-7B-v0.3, with a window as long as the context
@@ -130,12 +140,70 @@ class TinyModelSpec:
         }
         if self.family == "qwen2":
             return qwen
+        if self.family == "phi3":
+            return self._phi3_config(llama)
         return {
             **qwen,
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
             "attention_bias": False,
             "sliding_window": window,
+        }
+
+    def _phi3_config(self, llama: dict) -> dict:
+        """As Phi-4-mini (LongRoPE with its original context a quarter of the full one, 3/4 of each head rotated,
+        tied embeddings), with Phi-3-mini's sliding window on every layer."""
+        pairs = int(self.head_size * 0.75) // 2  # one factor per rotated pair of dims
+        config = {
+            **llama,
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "embd_pdrop": 0.0,
+            "original_max_position_embeddings": max(1, self.max_position_embeddings // 4),
+            "partial_rotary_factor": 0.75,
+            "resid_pdrop": 0.0,
+            "rope_scaling": {
+                "long_factor": [round(1.0 + 2.0 * k, 4) for k in range(pairs)],
+                "short_factor": [round(1.0 + 0.02 * k, 4) for k in range(pairs)],
+                "type": "longrope",
+            },
+            "sliding_window": self.sliding_window or PHI3_WINDOW,
+            "tie_word_embeddings": True,
+        }
+        del config["head_dim"]  # Phi3Config has none
+        return config
+
+    def _gemma_config(self, llama: dict) -> dict:
+        """As released Gemma 2 2B (soft-capping, every other layer local) or Gemma 3 1B (``gemma3_text``: q/k
+        norms, local layers with their own rope base, every sixth layer global, or the last of fewer layers),
+        with a local window of GEMMA_WINDOW tokens and attention scaled by head_dim as theirs are."""
+        config = {
+            **llama,
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "attn_logit_softcapping": 50.0,
+            "cache_implementation": "hybrid",
+            "final_logit_softcapping": 30.0,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": self.head_size,
+            "rms_norm_eps": 1e-6,
+            "sliding_window": self.sliding_window or GEMMA_WINDOW,
+            "tie_word_embeddings": True,
+        }
+        del config["mlp_bias"]
+        if self.family == "gemma2":
+            return config
+        del config["hidden_act"]
+        return {
+            **config,
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0,
+            "sliding_window_pattern": min(6, self.layers),
         }
 
 
@@ -168,8 +236,20 @@ def _weights(spec: TinyModelSpec) -> dict:
         if spec.family == "qwen3":
             tensors[p + "self_attn.q_norm.weight"] = torch.ones(d)
             tensors[p + "self_attn.k_norm.weight"] = torch.ones(d)
-    tensors["model.norm.weight"] = torch.ones(h)
-    tensors["lm_head.weight"] = normal(VOCAB_SIZE, h)
+        if spec.family in ("gemma2", "gemma3"):  # Gemma norms scale by 1 + w: zeros, as transformers initialises them
+            for name in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+                tensors[p + f"{name}_layernorm.weight"] = torch.zeros(h)
+        if spec.family == "gemma3":
+            tensors[p + "self_attn.q_norm.weight"] = torch.zeros(d)
+            tensors[p + "self_attn.k_norm.weight"] = torch.zeros(d)
+        if spec.family == "phi3":  # Phi-3 checkpoints store q/k/v and gate/up as one matrix each
+            attn = [tensors.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            tensors[p + "self_attn.qkv_proj.weight"] = torch.cat(attn)
+            mlp = [tensors.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")]
+            tensors[p + "mlp.gate_up_proj.weight"] = torch.cat(mlp)
+    tensors["model.norm.weight"] = torch.zeros(h) if spec.family in ("gemma2", "gemma3") else torch.ones(h)
+    if spec.family not in ("phi3", "gemma2", "gemma3"):  # these tie lm_head to the embeddings
+        tensors["lm_head.weight"] = normal(VOCAB_SIZE, h)
     return tensors
 
 

@@ -3,6 +3,7 @@ progress bar."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,16 @@ def register(app: typer.Typer) -> None:
         settings = settings_or_exit()
         transformers_logging.disable_progress_bar()  # ours is the only bar on screen
         try:
+            model_dir = resolve_model_dir(model, setting="--model")
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc.message}")
+            raise typer.Exit(2) from None
+        if not model_dir.is_dir():
+            console.print(f"[red]error:[/red] --model {model} is not a directory")
+            raise typer.Exit(2)
+        # The family decides the module names (Phi-3 fuses q/k/v and gate/up), so targets are checked against it.
+        model_type = _model_type(model_dir)
+        try:
             hyperparameters = Hyperparameters(
                 n_epochs=n_epochs if n_epochs is not None else "auto",
                 batch_size=batch_size if batch_size is not None else "auto",
@@ -56,20 +67,12 @@ def register(app: typer.Typer) -> None:
                 lora_dropout=lora_dropout,
                 target_modules=[t.strip() for t in target_modules.split(",")] if target_modules else None,
                 max_seq_len=max_seq_len,
-            ).resolve(max_lora_rank=settings.max_lora_rank)
+            ).resolve(max_lora_rank=settings.max_lora_rank, model_type=model_type)
         except (ValidationError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
         if out.exists() and any(out.iterdir()):
             console.print(f"[red]error:[/red] {out} is not empty; give a new directory")
-            raise typer.Exit(2)
-        try:
-            model_dir = resolve_model_dir(model, setting="--model")
-        except ConfigError as exc:
-            console.print(f"[red]error:[/red] {exc.message}")
-            raise typer.Exit(2) from None
-        if not model_dir.is_dir():
-            console.print(f"[red]error:[/red] --model {model} is not a directory")
             raise typer.Exit(2)
         request = TrainingRequest(
             base_model_dir=model_dir,
@@ -94,6 +97,14 @@ def register(app: typer.Typer) -> None:
             f"wrote {result.output_dir}: {result.steps} steps, {result.trained_tokens} trained tokens, "
             f"train loss {result.train_loss:.4f}{eval_part}, {result.seconds:.1f}s"
         )
+
+
+def _model_type(model_dir: Path) -> str | None:
+    """The checkpoint's ``model_type``; None when config.json is missing or unreadable (training then says why)."""
+    try:
+        return json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class _ProgressBar:

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.dataset_format import DEFAULT_MIN_EXAMPLES
 from core.hyperparameters import ResolvedHyperparameters
+from core.projections import adapter_modules
 from trainer.callbacks import ProgressBridge
 from trainer.dataset import PreparedDataset, prepare_dataset
 from trainer.errors import TrainingCancelled
@@ -88,11 +89,16 @@ def _lora_model(request: TrainingRequest, dtype):  # type: ignore[no-untyped-def
         r=hp.lora_r,
         lora_alpha=alpha,
         lora_dropout=hp.lora_dropout,
-        target_modules=list(hp.target_modules),
+        target_modules=list(target_modules(model.config.model_type, hp)),
         bias="none",
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def target_modules(model_type: str, hp: ResolvedHyperparameters) -> tuple[str, ...]:
+    """The base model's modules for ``hp.target_modules``: the seven projections are Phi-3's four fused modules."""
+    return adapter_modules(model_type).targets(hp.target_modules)
 
 
 def _as_rows(data: PreparedDataset) -> list[dict[str, list[int]]]:
@@ -184,6 +190,7 @@ def _export(
     config = model.peft_config["default"]
     config.base_model_name_or_path = base.name
     # PEFT keeps targets as a set, whose order varies per process; a sorted list keeps the file's bytes stable.
+    targets = list(target_modules(model.config.model_type, hp))
     config.target_modules = sorted(config.target_modules)
     # We never target embeddings; saying so also stops PEFT looking the base name up on a model hub.
     model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
@@ -198,7 +205,7 @@ def _export(
         base=base,
         rank=hp.lora_r,
         alpha=hp.lora_alpha,
-        target_modules=list(hp.target_modules),
+        target_modules=targets,
         hyperparameters=hp.model_dump(),
         seed=request.seed,
         data_format=train_data.format,

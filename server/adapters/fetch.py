@@ -52,7 +52,9 @@ def max_adapter_bytes(shapes: BaseShapes, max_rank: int) -> int:
 
 
 def weights_nbytes(weights: AdapterWeights) -> int:
-    return sum(t.a.numel() * t.a.element_size() + t.b.numel() * t.b.element_size() for t in weights.modules.values())
+    """Host bytes of the tensors; a fused module's A, shared by its projections, counts once."""
+    tensors = {id(t): t for m in weights.modules.values() for t in (m.a, m.b)}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex_kernels import KernelBackend
+from loraplex_kernels.torch_ops import softcapped_attention
 
 
 @dataclass
@@ -49,14 +50,16 @@ def paged_attention(
     scale: float,
     kernels: KernelBackend,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of the step's queries ``[T, heads, d]``; ``k``/``v`` must already be in the cache.
 
     With a sliding ``window`` the query at position ``i`` sees keys ``i - window < j <= i``, as transformers'
-    ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``)."""
+    ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``). With ``softcap`` scaled scores ``s`` become
+    ``softcap * tanh(s / softcap)`` before the mask and softmax (Gemma 2)."""
     if meta.all_decode:
         return kernels.paged_attention_decode(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window, softcap
         )
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]
@@ -76,22 +79,32 @@ def paged_attention(
             keys = k_cache[span.block_table[skip:]].flatten(0, 1)[tokens]
             values = v_cache[span.block_table[skip:]].flatten(0, 1)[tokens]
         mask = None  # plain causal: a first chunk that fits in its window
-        if span.context_len or (window is not None and window < span.length):
+        if span.context_len or (window is not None and window < span.length) or softcap is not None:
             rows = torch.arange(span.context_len, total, device=q.device)[:, None]
             cols = torch.arange(first, total, device=q.device)[None, :]
             mask = cols <= rows if window is None else (cols <= rows) & (cols > rows - window)
-        o = F.scaled_dot_product_attention(
-            query,
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=scale,
-            enable_gqa=gqa,
-        )
+        if softcap is None:
+            o = F.scaled_dot_product_attention(
+                query,
+                keys.transpose(0, 1).unsqueeze(0),
+                values.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scale,
+                enable_gqa=gqa,
+            )
+        else:  # SDPA cannot cap scores
+            o = softcapped_attention(query, keys.unsqueeze(0), values.unsqueeze(0), mask, scale, softcap)
         out[span.start : end] = o[0].transpose(0, 1)
     if meta.decode_rows is not None:
         out[meta.decode_rows] = kernels.paged_attention_decode(
-            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
+            q[meta.decode_rows],
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            scale,
+            window,
+            softcap,
         )
     return out

@@ -1,4 +1,8 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the paged arena, with per-segment LoRA deltas."""
+"""The Llama-family decoder over the paged arena, with per-segment LoRA deltas.
+
+One forward for every family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text...); a family is the switches
+of its :class:`ModelConfig`, checked once per layer (or once per model, when they pick a function).
+"""
 
 from __future__ import annotations
 
@@ -62,8 +66,15 @@ class LlamaModel:
         self.lora = lora
         self.kernels = kernels  # chosen once by the engine builder; the runner prepares it every step
         dtype, device = weights.embed.dtype, weights.embed.device
-        self.rope = RotaryEmbedding(config.rope, config.head_dim, max_positions, dtype, device)
-        self.scale = config.head_dim**-0.5
+        # One table per distinct rope (Gemma 3's local and global layers differ), and each layer's index into them.
+        ropes = list(dict.fromkeys(config.layer_rope(n) for n in range(config.num_layers)))
+        self.ropes = [RotaryEmbedding(rope, config.head_dim, max_positions, dtype, device) for rope in ropes]
+        self.layer_rope = [ropes.index(config.layer_rope(n)) for n in range(config.num_layers)]
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        # Gemma multiplies embeddings by sqrt(hidden) rounded to the model's dtype, as transformers does.
+        self.embed_scale = None if config.embed_scale is None else torch.tensor(config.embed_scale, dtype=dtype).item()
+        self.norm = _plus_one_rms_norm if config.norm_plus_one else _rms_norm
+        self.act = _gelu_tanh if config.hidden_act == "gelu_pytorch_tanh" else F.silu
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, segs: Segments
@@ -72,23 +83,28 @@ class LlamaModel:
 
         ``segs`` must have been prepared on :attr:`kernels` for this step (``ModelRunner.prepare`` does it)."""
         x = F.embedding(input_ids, self.weights.embed)
-        cos, sin = self.rope.tables(positions)
+        if self.embed_scale is not None:
+            x.mul_(self.embed_scale)
+        rotary = [(rope, *rope.tables(positions)) for rope in self.ropes]
         use_lora = segs.max_rank > 0
         for n in range(self.config.num_layers):
-            self._layer(n, x, cos, sin, meta, segs, use_lora)
+            self._layer(n, x, rotary[self.layer_rope[n]], meta, segs, use_lora)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab]`` of the given rows."""
-        h = F.rms_norm(hidden, (self.config.hidden_size,), self.weights.norm, self.config.rms_norm_eps)
-        return self.weights.lm_head(h).float()
+        h = self.norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        logits = self.weights.lm_head(h)
+        if self.config.final_softcap is not None:  # Gemma 2, in the model's dtype as transformers does
+            cap = self.config.final_softcap
+            logits = logits.div_(cap).tanh_().mul_(cap)
+        return logits.float()
 
     def _layer(
         self,
         n: int,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotary: tuple[RotaryEmbedding, torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         segs: Segments,
         use_lora: bool,
@@ -102,22 +118,41 @@ class LlamaModel:
             """This layer's LoRA for ``group`` in this step, for the projection that computes it."""
             return LoraDelta(kernels, lora.arena, tables, group, segs) if use_lora else None
 
-        h = F.rms_norm(x, (c.hidden_size,), w.input_norm, c.rms_norm_eps)
+        h = self.norm(x, w.input_norm, c.rms_norm_eps)
         qkv = w.qkv(h, delta(lora.qkv))
         qk = qkv[:, : c.q_size + c.kv_size].view(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
-        if w.qk_norm is not None:  # Qwen3: normalise each q and k head, then rotate
-            qk = F.rms_norm(qk, (c.head_dim,), eps=c.rms_norm_eps).mul_(w.qk_norm)
-        self.rope.apply_(qk, cos, sin)
+        if w.qk_norm is not None:  # Qwen3, Gemma 3: normalise each q and k head, then rotate
+            qk = self.norm(qk, w.qk_norm, c.rms_norm_eps)
+        rope, cos, sin = rotary
+        rope.apply_(qk, cos, sin)
         q = qk[:, : c.num_heads]
         k = qk[:, c.num_heads :]
         v = qkv[:, c.q_size + c.kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
         k_cache, v_cache = self.kv_caches[n]
         write_kv(k_cache, v_cache, k, v, meta)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels, c.layer_windows[n])
-        attn = attn.reshape(num_tokens, c.q_size)
-        x.add_(w.o(attn, delta(lora.o)))
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels, c.layer_windows[n], c.attn_softcap)
+        out = w.o(attn.reshape(num_tokens, c.q_size), delta(lora.o))
+        x.add_(out if w.attn_out_norm is None else self.norm(out, w.attn_out_norm, c.rms_norm_eps))
 
-        h = F.rms_norm(x, (c.hidden_size,), w.post_norm, c.rms_norm_eps)
+        h = self.norm(x, w.post_norm, c.rms_norm_eps)
         gate_up = w.gate_up(h, delta(lora.gate_up))
-        act = F.silu(gate_up[:, : c.intermediate_size]).mul_(gate_up[:, c.intermediate_size :])
-        x.add_(w.down(act, delta(lora.down)))
+        act = self.act(gate_up[:, : c.intermediate_size]).mul_(gate_up[:, c.intermediate_size :])
+        out = w.down(act, delta(lora.down))
+        x.add_(out if w.mlp_out_norm is None else self.norm(out, w.mlp_out_norm, c.rms_norm_eps))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim; ``weight`` broadcasts (one per head for q/k norms)."""
+    if weight.dim() == 1:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return F.rms_norm(x, weight.shape[-1:], eps=eps).mul_(weight)
+
+
+def _plus_one_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: in fp32, scaled by ``weight`` (which holds 1 + w in fp32), then cast back to ``x``'s dtype."""
+    return F.rms_norm(x.float(), weight.shape[-1:], eps=eps).mul_(weight).to(x.dtype)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """``gelu_pytorch_tanh`` (GeGLU's gate), as transformers' ``ACT2FN`` computes it."""
+    return F.gelu(x, approximate="tanh")

@@ -42,12 +42,19 @@ class RopeConfig:
         return int(head_dim * self.partial_rotary_factor)
 
 
-def rope_config(config: dict[str, Any], head_dim: int) -> RopeConfig:
-    """Parse ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (older files)."""
-    field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
-    params = dict(config.get(field) or {})
+def rope_config(
+    config: dict[str, Any], head_dim: int, params: dict[str, Any] | None = None, field: str = ""
+) -> RopeConfig:
+    """Parse ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (older files).
+
+    ``params`` (named ``field`` in errors) replaces both: one layer type's parameters (Gemma 3)."""
+    if params is None:
+        field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+        params = dict(config.get(field) or {})
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if config.get("model_type") == "phi3" and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config's names for it in older configs
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"{field}.rope_type {rope_type!r} is not served; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -96,6 +103,25 @@ def rope_config(config: dict[str, Any], head_dim: int) -> RopeConfig:
         short_factor=short_factor,
         long_factor=long_factor,
     )
+
+
+def gemma3_rope_configs(config: dict[str, Any], head_dim: int) -> tuple[RopeConfig, RopeConfig]:
+    """Gemma 3's (global, local) ropes: ``rope_parameters`` per layer type, as ``Gemma3TextConfig`` fills them in.
+
+    Full-attention layers: ``rope_parameters.full_attention``, else ``rope_scaling`` with ``rope_theta``
+    (default 1e6); sliding layers: ``rope_parameters.sliding_attention``, else ``rope_local_base_freq`` (1e4)."""
+    given = config.get("rope_parameters") or {}
+    ropes = []
+    for layer_type, theta_key, theta in (
+        ("full_attention", "rope_theta", 1e6),
+        ("sliding_attention", "rope_local_base_freq", 1e4),
+    ):
+        params = dict(given.get(layer_type) or {"rope_type": "default"})
+        if layer_type == "full_attention" and config.get("rope_scaling"):
+            params.update(config["rope_scaling"])  # the legacy key scales the global layers only
+        params.setdefault("rope_theta", config.get(theta_key, theta))
+        ropes.append(rope_config(config, head_dim, params, f"rope_parameters.{layer_type}"))
+    return ropes[0], ropes[1]
 
 
 def _optional_float(value: Any) -> float | None:

@@ -1,7 +1,8 @@
 """Load a Llama-family checkpoint from local safetensors (single file or sharded) into fused weights.
 
 Projections become :class:`~server.model.linear.Linear` (transposed, or pre-packed on CPU); q/k/v and
-gate/up are fused so each is one matmul.
+gate/up are fused so each is one matmul. Checkpoints that store them fused already (Phi-3's qkv_proj and
+gate_up_proj, per ``core.projections.FAMILY_MODULES``) are taken as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from core.errors import ConfigError
+from core.projections import DOWN, GATE_UP, O_PROJ, QKV, ProjectionGroup, adapter_modules
 from server.model.config import ModelConfig
 from server.model.linear import Linear
 
@@ -31,6 +33,10 @@ class LayerWeights:
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear  # intermediate -> hidden
     qk_norm: torch.Tensor | None = None  # [heads + kv_heads, head_dim]: q_norm per q head, k_norm per kv head
+    # Gemma 2/3 (``sandwich_norms``): their post_attention_layernorm normalises the attention output before the
+    # residual add (``post_norm`` then holds pre_feedforward_layernorm), post_feedforward_layernorm the MLP's.
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -42,7 +48,12 @@ class ModelWeights:
 
     def num_bytes(self) -> int:
         tensors = [self.embed, self.norm] + [t for layer in self.layers for t in (layer.input_norm, layer.post_norm)]
-        tensors += [layer.qk_norm for layer in self.layers if layer.qk_norm is not None]
+        tensors += [
+            t
+            for layer in self.layers
+            for t in (layer.qk_norm, layer.attn_out_norm, layer.mlp_out_norm)
+            if t is not None
+        ]
         linears = [self.lm_head] + [
             lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
@@ -92,11 +103,26 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     def vector(*parts: torch.Tensor) -> torch.Tensor:
         return torch.cat(parts).to(device=device, dtype=dtype).contiguous()
 
-    h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    def norm_weight(name: str, size: int) -> torch.Tensor:
+        """An RMSNorm's weight; Gemma's scale by 1 + w, kept as that sum in fp32 (transformers adds it in fp32)."""
+        weight = take(name, (size,))
+        return (weight.float() + 1.0).to(device).contiguous() if config.norm_plus_one else vector(weight)
+
+    h, q, kv = config.hidden_size, config.q_size, config.kv_size
+    shapes, modules = config.base_shapes(), adapter_modules(config.model_type)
+
+    def group_weight(prefix: str, group: ProjectionGroup) -> torch.Tensor:
+        """``group``'s fused weight, transposed, from the checkpoint's modules that hold its projections."""
+        parts = [
+            take(f"{prefix}{m.parent}.{m.name}.weight", shapes.in_out(m.name)[::-1])
+            for m in modules.modules
+            if m.projections[0] in group.projections
+        ]
+        return linear_t(*parts)
+
     layers = []
     for n in range(config.num_layers):
         p = f"model.layers.{n}."
-        attn = [take(p + f"self_attn.{x}_proj.weight", (size, h)) for x, size in (("q", q), ("k", kv), ("v", kv))]
         qkv_bias = None
         if config.qkv_bias:
             sizes = (("q", q), ("k", kv), ("v", kv))
@@ -106,21 +132,23 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
             d = (config.head_dim,)
             q_norm, k_norm = take(p + "self_attn.q_norm.weight", d), take(p + "self_attn.k_norm.weight", d)
             heads = torch.cat([q_norm.expand(config.num_heads, -1), k_norm.expand(config.num_kv_heads, -1)])
-            qk_norm = heads.to(device=device, dtype=dtype).contiguous()
+            qk_norm = (heads.float() + 1.0 if config.norm_plus_one else heads.to(dtype)).to(device).contiguous()
         layers.append(
             LayerWeights(
-                input_norm=vector(take(p + "input_layernorm.weight", (h,))),
-                qkv=Linear(linear_t(*attn), qkv_bias),
+                input_norm=norm_weight(p + "input_layernorm.weight", h),
+                qkv=Linear(group_weight(p, QKV), qkv_bias),
                 o=Linear(
-                    linear_t(take(p + "self_attn.o_proj.weight", (h, q))),
+                    group_weight(p, O_PROJ),
                     vector(take(p + "self_attn.o_proj.bias", (h,))) if config.o_bias else None,
                 ),
-                post_norm=vector(take(p + "post_attention_layernorm.weight", (h,))),
-                gate_up=Linear(
-                    linear_t(take(p + "mlp.gate_proj.weight", (i, h)), take(p + "mlp.up_proj.weight", (i, h)))
+                post_norm=norm_weight(
+                    p + ("pre_feedforward" if config.sandwich_norms else "post_attention") + "_layernorm.weight", h
                 ),
-                down=Linear(linear_t(take(p + "mlp.down_proj.weight", (h, i)))),
+                gate_up=Linear(group_weight(p, GATE_UP)),
+                down=Linear(group_weight(p, DOWN)),
                 qk_norm=qk_norm,
+                attn_out_norm=norm_weight(p + "post_attention_layernorm.weight", h) if config.sandwich_norms else None,
+                mlp_out_norm=norm_weight(p + "post_feedforward_layernorm.weight", h) if config.sandwich_norms else None,
             )
         )
     embed = take("model.embed_tokens.weight", (config.vocab_size, h)).to(device=device, dtype=dtype).contiguous()
@@ -131,7 +159,7 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
     else:
         lm_head = Linear(linear_t(take("lm_head.weight", (config.vocab_size, h))))
-    norm = vector(take("model.norm.weight", (h,)))
+    norm = norm_weight("model.norm.weight", h)
     unknown = sorted(k for k in state if k not in used and not k.endswith(_IGNORED_SUFFIXES))
     if unknown:
         raise ConfigError(f"checkpoint has tensors this forward pass would ignore, e.g. {unknown[0]}")

@@ -17,7 +17,9 @@ def hf_config(arch: str, *, gqa: bool = True, bias: bool = False, tie: bool = Fa
     """A transformers config of a tiny model of ``arch`` (llama, mistral, qwen2, qwen3, phi3); no sliding window unless
     ``overrides`` set one (``sliding_window``, and for qwen2 ``use_sliding_window``, ``max_window_layers``).
 
-    qwen3 defaults to head_dim 32, twice hidden / heads, as Qwen3 checkpoints have it."""
+    qwen3 defaults to head_dim 32, twice hidden / heads, as Qwen3 checkpoints have it. gemma2 and gemma3_text
+    (tied, as Gemma is) default to head_dim 24 with query_pre_attn_scalar 32 (Gemma 2 27B also scales by
+    neither), full attention (a window of 256) and the soft-capping of their transformers configs."""
     from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
@@ -45,6 +47,12 @@ def hf_config(arch: str, *, gqa: bool = True, bias: bool = False, tie: bool = Fa
         return Qwen3Config(**{"head_dim": 32, "attention_bias": bias, "use_sliding_window": False, **common})
     if arch == "phi3":
         return Phi3Config(**common)
+    if arch in ("gemma2", "gemma3_text"):
+        from transformers import Gemma2Config, Gemma3TextConfig
+
+        gemma = {"head_dim": 24, "query_pre_attn_scalar": 32, "sliding_window": 256}
+        tied = {"tie_word_embeddings": True}  # `tie` aside: pass tie_word_embeddings=False for an untied Gemma
+        return (Gemma2Config if arch == "gemma2" else Gemma3TextConfig)(**{**gemma, **common, **tied, **overrides})
     raise ValueError(arch)
 
 
@@ -74,6 +82,13 @@ def phi3_as_llama(phi3_dir: Path, out_dir: Path) -> Path:
     config.update(model_type="llama", architectures=["LlamaForCausalLM"])
     (out_dir / "config.json").write_text(json.dumps(config))
     return out_dir
+
+
+def rewrite_config(model_dir: Path, drop: tuple[str, ...] = (), **keys: Any) -> None:
+    """Edit ``config.json`` in place: remove the ``drop`` keys, set ``keys`` (a config as older files spell it)."""
+    path = model_dir / "config.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in drop}
+    path.write_text(json.dumps({**config, **keys}, indent=2))
 
 
 def save_model(directory: Path, config: Any, seed: int = 0, std: float = 0.15) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.adapter_format import inspect_adapter, load_adapter_weights
 from server.engine import SamplingParams
 from server.memory.block_manager import blocks_for
 from server.offline import LLM
@@ -66,8 +67,10 @@ def case(tmp_path_factory):
     return base, dirs, requests, expected
 
 
-def _run(base: Path, dirs: dict[str, Path], requests, pool_bytes: int, max_tokens: int = MAX_TOKENS, **kw):
-    llm = LLM(base, pool_bytes=pool_bytes, max_lora_rank=32, **kw)
+def _run(
+    base: Path, dirs: dict[str, Path], requests, pool_bytes: int, max_tokens: int = MAX_TOKENS, max_lora_rank=32, **kw
+):
+    llm = LLM(base, pool_bytes=pool_bytes, max_lora_rank=max_lora_rank, **kw)
     for name, path in dirs.items():
         llm.load_adapter(name, path)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -119,31 +122,34 @@ def test_parity_with_triton_kernels(case, monkeypatch):
     assert got == [expected[i][:4] for i in subset]
 
 
-def test_windowed_base_matches_peft(tmp_path):
-    """Adapters over a Mistral base with a 16-token sliding window, generating past the window, equal PEFT."""
+# Families beyond Llama's shape: Mistral (a 16-token window on every layer); Qwen2 (q/k/v biases, a window on the
+# upper layer); Qwen3 (q/k norms, head_dim twice hidden / heads); Gemma 2 (four norms a layer, GeGLU, soft-capped
+# attention and logits, every other layer in a 16-token window); Gemma 3 (q/k norms, local layers with their own
+# rope base, global ones with linear scaling). Phi-3 has its own fixture below: its adapters name fused modules.
+FAMILIES = {
+    "mistral": dict(arch="mistral", sliding_window=16),
+    "qwen2": dict(arch="qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=1),
+    "qwen3": dict(arch="qwen3"),
+    "gemma2": dict(arch="gemma2", sliding_window=16),
+    "gemma3": dict(
+        arch="gemma3_text",
+        sliding_window=16,
+        sliding_window_pattern=2,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_adapters_match_peft(family, tmp_path):
+    """Adapters of one mixed batch equal PEFT and change the answers; also when a small pool preempts requests."""
     from peft import PeftModel
 
-    base = save_model(tmp_path / "base", hf_config("mistral", sliding_window=16))
-    names = ("all-r32", "qv-r2")
-    dirs = {name: save_adapter(tmp_path / name, base, seed=i + 1, **ADAPTERS[name]) for i, name in enumerate(names)}
-    gen = torch.Generator().manual_seed(4)
-    requests = [
-        (torch.randint(3, 96, (n,), generator=gen).tolist(), name)
-        for n, name in ((30, names[0]), (41, names[1]), (20, None))
-    ]
-    peft_model = PeftModel.from_pretrained(load_hf(base), dirs[names[0]], adapter_name=names[0])
-    peft_model.load_adapter(dirs[names[1]], adapter_name=names[1])
-    peft_model.eval()
-    expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
-    _, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
-    assert got == expected
-
-
-def test_qwen3_adapters_match_peft(tmp_path):
-    """Adapters over Qwen3 (q/k norms, head_dim twice hidden / heads) equal PEFT, and change the answers."""
-    from peft import PeftModel
-
-    base = save_model(tmp_path / "base", hf_config("qwen3"))
+    spec = dict(FAMILIES[family])
+    base = save_model(tmp_path / "base", hf_config(spec.pop("arch"), **spec))
     names = ("all-r32", "attn-r8", "qv-r2")
     dirs = {name: save_adapter(tmp_path / name, base, seed=i + 1, **ADAPTERS[name]) for i, name in enumerate(names)}
     gen = torch.Generator().manual_seed(5)
@@ -155,6 +161,138 @@ def test_qwen3_adapters_match_peft(tmp_path):
     peft_model.eval()
     expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
     without = [_peft_generate(peft_model, prompt, None, MAX_TOKENS) for prompt, _ in requests]
-    _, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
+    llm, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
     assert got == expected
     assert [a != b for a, b in zip(expected, without, strict=True)] == [True, True, True, False]
+    # Room for the adapters and about one sequence: requests wait, are preempted and recomputed.
+    stats = llm.engine.pool_stats()
+    kv_pages = blocks_for(max(len(prompt) for prompt, _ in requests) + MAX_TOKENS, 16) + 1
+    llm, got = _run(base, dirs, requests, pool_bytes=(stats.adapter_pages + kv_pages) * stats.page_bytes, watermark=0.0)
+    assert llm.engine.num_preemptions > 0
+    assert got == expected
+
+
+PHI3_ALL = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+PHI3_ADAPTERS = {  # PEFT names Phi-3's fused modules; each becomes its projections sharing one A
+    "attn-r1": dict(r=1, lora_alpha=2, target_modules=["qkv_proj", "o_proj"]),
+    "mlp-r64": dict(r=64, lora_alpha=32, target_modules=["gate_up_proj", "down_proj"]),
+    "all-r8-rslora": dict(r=8, lora_alpha=4, use_rslora=True, target_modules=PHI3_ALL),
+    "qkv-r16-patterns": dict(
+        r=16, lora_alpha=16, target_modules=["qkv_proj", "gate_up_proj"], rank_pattern={"layers.1.mlp.gate_up_proj": 4}
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def phi3_case(tmp_path_factory):
+    """A Phi-4-mini-like base (fused weights, LongRoPE, 3/4 rotary, tied, 16-token window), four adapters on its
+    fused modules, ten requests (some past the window) and PEFT's answer to each."""
+    from peft import PeftModel
+
+    root = tmp_path_factory.mktemp("phi3")
+    config = hf_config(
+        "phi3",
+        tie=True,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.3],
+            "long_factor": [1.0, 2.0, 4.0, 8.0, 12.0, 16.0],
+            "rope_theta": 10000.0,
+        },
+        sliding_window=16,
+    )
+    base = save_model(root / "base", config)
+    dirs = {
+        name: save_adapter(root / name, base, seed=i + 1, **kw) for i, (name, kw) in enumerate(PHI3_ADAPTERS.items())
+    }
+    gen = torch.Generator().manual_seed(7)
+    names = [*PHI3_ADAPTERS, None]
+    requests = []
+    for i in range(10):
+        prompt = torch.randint(3, 96, (int(torch.randint(3, 40, (1,), generator=gen)),), generator=gen).tolist()
+        requests.append((prompt, names[i % len(names)]))
+    peft_model = PeftModel.from_pretrained(load_hf(base), dirs["attn-r1"], adapter_name="attn-r1")
+    for name, path in dirs.items():
+        if name != "attn-r1":
+            peft_model.load_adapter(path, adapter_name=name)
+    peft_model.eval()
+    expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
+    without = [_peft_generate(peft_model, prompt, None, MAX_TOKENS) for prompt, _ in requests]
+    return base, dirs, requests, expected, without
+
+
+def test_phi3_fused_adapters_match_peft_in_one_batch(phi3_case):
+    base, dirs, requests, expected, without = phi3_case
+    _, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_lora_rank=64, max_num_batched_tokens=32)
+    assert got == expected
+    assert [a != b for a, b in zip(expected, without, strict=True)] == [adapter is not None for _, adapter in requests]
+
+
+def test_phi3_parity_holds_when_requests_are_preempted_and_resumed(phi3_case):
+    base, dirs, requests, expected, _ = phi3_case
+    probe = LLM(base, pool_bytes=16 << 20, max_lora_rank=64)
+    for name, path in dirs.items():
+        probe.load_adapter(name, path)
+    adapter_pages, page_bytes = probe.engine.pool_stats().adapter_pages, probe.engine.pool_stats().page_bytes
+    longest = max(len(prompt) for prompt, _ in requests) + MAX_TOKENS
+    kv_pages = 2 * blocks_for(longest, 16) + 1
+    llm, got = _run(
+        base, dirs, requests, pool_bytes=(adapter_pages + kv_pages) * page_bytes, max_lora_rank=64, watermark=0.0
+    )
+    assert llm.engine.num_preemptions > 0
+    assert got == expected
+
+
+def _peft_logits(dtype: torch.dtype, base: Path, dirs: dict[str, Path], requests, **kw) -> list[torch.Tensor]:
+    """PEFT's logits over each request's prompt, with the base model in ``dtype`` (PEFT keeps adapters in fp32)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation="eager")
+    names = list(dirs)
+    model = PeftModel.from_pretrained(hf, dirs[names[0]], adapter_name=names[0], **kw)
+    for name in names[1:]:
+        model.load_adapter(dirs[name], adapter_name=name, **kw)
+    model.eval()
+    logits = []
+    with torch.inference_mode():
+        for prompt, adapter in requests:
+            model.set_adapter(adapter)
+            logits.append(model(torch.tensor([prompt])).logits[0].float())
+    return logits
+
+
+def test_bf16_adapter_logits_are_as_close_to_peft_fp32_as_peft_bf16(case):
+    """One bf16 step prefilling a request per adapter (the C loop reading the bf16 arena) against PEFT's fp32
+    logits: max and mean abs error at most 1.5x those of PEFT in bf16 (base and adapters)."""
+    from server.engine import EngineConfig, LLMEngine
+    from tests.integration.engine.test_model_parity import BF16_SLACK, _step_logits
+
+    base, dirs, requests, _ = case
+    requests = [(prompt, adapter) for prompt, adapter in requests if adapter is not None][: len(dirs)]
+    assert sorted(adapter for _, adapter in requests) == sorted(dirs)
+    reference = torch.cat(_peft_logits(torch.float32, base, dirs, requests))
+    # PEFT over a bf16 base keeps its adapters in fp32 unless told not to; ours live in the bf16 arena.
+    theirs = torch.cat(_peft_logits(torch.bfloat16, base, dirs, requests, autocast_adapter_dtype=False))
+    fp32_adapters = torch.cat(_peft_logits(torch.bfloat16, base, dirs, requests))
+    engine = LLMEngine(EngineConfig(model=str(base), pool_bytes=8 << 20, max_lora_rank=32, dtype="bfloat16"))
+    for name, path in dirs.items():
+        spec = inspect_adapter(path, engine.model_config.base_shapes(), 32)
+        engine.load_adapter(name, load_adapter_weights(spec))
+    assert engine.pool.arena.dtype == torch.bfloat16
+    for i, (prompt, adapter) in enumerate(requests):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0), adapter)
+    logits, positions = _step_logits(engine)
+    assert positions == [j for prompt, _ in requests for j in range(len(prompt))]  # every request in one step
+    errors = {
+        who: ((got - reference).abs().max().item(), (got - reference).abs().mean().item())
+        for who, got in (("ours", logits), ("PEFT", theirs), ("PEFT with fp32 adapters", fp32_adapters))
+    }
+    report = "bf16 max/mean abs error vs PEFT fp32: " + ", ".join(
+        f"{who} {worst:.4f}/{mean:.5f}" for who, (worst, mean) in errors.items()
+    )
+    print(report)
+    (our_max, our_mean), (their_max, their_mean) = errors["ours"], errors["PEFT"]
+    assert our_max <= BF16_SLACK * their_max and our_mean <= BF16_SLACK * their_mean, report

@@ -48,3 +48,15 @@ def test_rank_bounded_by_platform_limit(rank: int) -> None:
 def test_seq_len_bounded_by_context() -> None:
     with pytest.raises(ValueError, match="max_seq_len"):
         Hyperparameters(max_seq_len=4096).resolve(max_lora_rank=64, context_length=2048)
+
+
+def test_targets_become_the_base_model_family_modules() -> None:
+    assert Hyperparameters().resolve(max_lora_rank=64, model_type="phi3").target_modules == [
+        "qkv_proj", "o_proj", "gate_up_proj", "down_proj"
+    ]  # fmt: skip
+    fused = Hyperparameters(target_modules=["qkv_proj", "down_proj"])
+    assert fused.resolve(max_lora_rank=64, model_type="phi3").target_modules == ["qkv_proj", "down_proj"]
+    with pytest.raises(ValueError, match=r"^target_modules: this model holds q_proj, k_proj, v_proj in one matrix"):
+        Hyperparameters(target_modules=["q_proj", "v_proj"]).resolve(max_lora_rank=64, model_type="phi3")
+    with pytest.raises(ValueError, match=r"^target_modules: this model has no qkv_proj"):
+        fused.resolve(max_lora_rank=64, model_type="llama")

@@ -61,3 +61,24 @@ def test_groups_that_disagree_with_the_names_are_refused(groups) -> None:
 def test_reordered_names_are_refused() -> None:
     with pytest.raises(ValueError, match="table order"):
         check_groups(PROJECTION_GROUPS, (*PROJECTIONS[1:], PROJECTIONS[0]))
+
+
+def test_each_family_names_modules_that_tile_the_projections() -> None:
+    from core.projections import FAMILY_MODULES, FUSED_MODULES, adapter_modules
+
+    for family, modules in FAMILY_MODULES.items():
+        assert tuple(p for m in modules.modules for p in m.projections) == PROJECTIONS, family
+    assert adapter_modules("phi3") is FUSED_MODULES and FUSED_MODULES.names == (
+        "qkv_proj", "o_proj", "gate_up_proj", "down_proj"
+    )  # fmt: skip
+    assert adapter_modules("llama").names == adapter_modules(None).names == PROJECTIONS
+    phi3 = BaseShapes(num_layers=1, hidden_size=32, intermediate_size=48, q_size=40, kv_size=16, model_type="phi3")
+    assert phi3.in_out("qkv_proj") == (32, 72) and phi3.in_out("gate_up_proj") == (32, 96)
+    assert module_name(2, "gate_up_proj") == "model.layers.2.mlp.gate_up_proj"
+    # What a trainer asks for becomes the family's modules; half a fused module cannot be adapted.
+    assert FUSED_MODULES.targets(PROJECTIONS) == FUSED_MODULES.names
+    assert FUSED_MODULES.targets(["v_proj", "k_proj", "q_proj", "down_proj"]) == ("qkv_proj", "down_proj")
+    with pytest.raises(ValueError, match="q_proj, k_proj, v_proj in one matrix, qkv_proj"):
+        FUSED_MODULES.targets(["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match="no qkv_proj; choose from q_proj, k_proj"):
+        adapter_modules("mistral").targets(["qkv_proj"])

@@ -95,3 +95,47 @@ def test_a_window_that_binds_can_be_asked_for(tmp_path: Path) -> None:
     assert mistral["sliding_window"] == 8
     with pytest.raises(subprocess.CalledProcessError):
         _make(tmp_path / "bad", "--family", "gemma")
+
+
+def test_phi3_is_fused_longrope_partially_rotated_tied_and_windowed(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _make(tmp_path / "phi3", "--family", "phi3", "--hidden", "64", "--layers", "2")
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "phi3", output_loading_info=True)
+    assert type(model).__name__ == "Phi3ForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    names = {n for n, _ in model.named_parameters()}
+    assert {"model.layers.1.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"} <= names
+    rope, config = model.config.rope_parameters, model.config
+    assert (rope["rope_type"], rope["partial_rotary_factor"]) == ("longrope", 0.75)
+    assert len(rope["short_factor"]) == len(rope["long_factor"]) == 6  # 3/4 of 16 dims, one per pair
+    assert rope["short_factor"] != rope["long_factor"]
+    assert rope["original_max_position_embeddings"] < config.max_position_embeddings
+    assert config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert config.sliding_window == 16  # binds for prompts longer than 16 tokens
+    with pytest.raises(ValueError, match="head-dim"):
+        TinyModelSpec(family="phi3", head_dim=32)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_is_tied_soft_capped_or_locally_roped_and_windowed(tmp_path: Path, family: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _make(tmp_path / family, "--family", family, "--hidden", "64", "--layers", "2")
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / family, output_loading_info=True)
+    config = model.config
+    assert type(model).__name__ == ("Gemma2ForCausalLM" if family == "gemma2" else "Gemma3ForCausalLM")
+    assert config.model_type == ("gemma2" if family == "gemma2" else "gemma3_text")
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert config.query_pre_attn_scalar == config.head_dim == 16
+    # A 16-token window on the first layer, binding for test prompts; the second layer is global.
+    assert config.sliding_window == 16 and config.layer_types == ["sliding_attention", "full_attention"]
+    if family == "gemma2":  # Gemma 2's released soft-capping
+        assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+    else:  # Gemma 3 1B's: no capping, local layers on their own rope base
+        assert config.attn_logit_softcapping is None and config.final_logit_softcapping is None
+        rope = config.rope_parameters
+        assert (rope["sliding_attention"]["rope_theta"], rope["full_attention"]["rope_theta"]) == (1e4, 1e6)
+    norms = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    assert len(norms) == 2 * (6 if family == "gemma3" else 4) + 1 and all(not p.any() for p in norms)  # 1 + w = 1

@@ -22,11 +22,12 @@ from core.adapter_format import (
 from core.errors import InvalidRequest
 
 BASE = BaseShapes(num_layers=2, hidden_size=16, intermediate_size=24, q_size=16, kv_size=8)
+PHI3 = BaseShapes(num_layers=2, hidden_size=16, intermediate_size=24, q_size=16, kv_size=8, model_type="phi3")
 PREFIX = "base_model.model.model.layers"
 
 
 def _key(layer: int, proj: str, ab: str, default: bool = False) -> str:
-    parent = "mlp" if proj in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    parent = "mlp" if proj in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") else "self_attn"
     return f"{PREFIX}.{layer}.{parent}.{proj}.lora_{ab}{'.default' if default else ''}.weight"
 
 
@@ -37,6 +38,7 @@ def write_adapter(
     rank: int | dict = 4,
     layers: tuple[int, ...] = (0, 1),
     tensors: dict | None = None,
+    base: BaseShapes = BASE,
 ) -> Path:
     """A PEFT-style adapter directory; ``rank`` may map projection -> rank."""
     path.mkdir(parents=True, exist_ok=True)
@@ -48,16 +50,18 @@ def write_adapter(
         for layer in layers:
             for proj in targets:
                 r = rank[proj] if isinstance(rank, dict) else rank
-                in_f, out_f = BASE.in_out(proj)
+                in_f, out_f = base.in_out(proj)
                 tensors[_key(layer, proj, "A")] = torch.randn(r, in_f)
                 tensors[_key(layer, proj, "B")] = torch.randn(out_f, r)
     save_file(tensors, str(path / "adapter_model.safetensors"))
     return path
 
 
-def refused(path: Path, error: type, param: str | None = None, max_rank: int = 64) -> InvalidRequest:
+def refused(
+    path: Path, error: type, param: str | None = None, max_rank: int = 64, base: BaseShapes = BASE
+) -> InvalidRequest:
     with pytest.raises(error) as info:
-        inspect_adapter(path, BASE, max_rank)
+        inspect_adapter(path, base, max_rank)
     if param is not None:
         assert info.value.param == param, info.value.message
     assert isinstance(info.value, InvalidRequest)  # maps to HTTP 400 in the API
@@ -220,3 +224,60 @@ def test_refuses_missing_pickled_or_corrupt_files(tmp_path):
     data = (corrupt / "adapter_model.safetensors").read_bytes()
     (corrupt / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
     refused(corrupt, AdapterFileError)
+
+
+PHI3_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def test_phi3_fused_modules_load_as_projections_sharing_a(tmp_path):
+    """Phi-3's qkv_proj LoRA is the q, k and v LoRAs with one A and B cut by rows; gate_up_proj likewise."""
+    path = write_adapter(
+        tmp_path,
+        config={"rank_pattern": {"gate_up_proj": 2}},
+        targets=PHI3_MODULES,
+        rank={"qkv_proj": 4, "o_proj": 4, "gate_up_proj": 2, "down_proj": 4},
+        base=PHI3,
+    )
+    spec = inspect_adapter(path, PHI3, max_rank=8)
+    assert [m.projection for m in spec.modules if m.layer == 0] == list(PHI3_MODULES)
+    assert spec.parameter_count(PHI3) == 2 * (4 * (16 + 32) + 4 * (16 + 16) + 2 * (16 + 48) + 4 * (24 + 16))
+    weights = load_adapter_weights(spec)
+    assert sorted(p for layer, p in weights.modules if layer == 1) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    q, k, v = (weights.modules[(1, p)] for p in ("q_proj", "k_proj", "v_proj"))
+    assert q.a is k.a is v.a and q.a.shape == (4, 16)
+    b = torch.cat([q.b, k.b, v.b])
+    from safetensors.torch import load_file
+
+    stored = load_file(str(path / "adapter_model.safetensors"))
+    assert torch.equal(b, stored[_key(1, "qkv_proj", "B")])
+    gate, up = weights.modules[(0, "gate_proj")], weights.modules[(0, "up_proj")]
+    assert gate.b.shape == up.b.shape == (24, 2) and gate.scale == up.scale == 8 / 2
+    assert torch.equal(torch.cat([gate.b, up.b]), stored[_key(0, "gate_up_proj", "B")])
+    all_linear = write_adapter(
+        tmp_path / "all", config={"target_modules": "all-linear"}, targets=PHI3_MODULES, base=PHI3
+    )
+    assert {m.projection for m in inspect_adapter(all_linear, PHI3, 8).modules} == set(PHI3_MODULES)
+
+
+@pytest.mark.parametrize(
+    ("base", "targets", "names"),
+    [
+        (PHI3, ["q_proj", "v_proj"], "qkv_proj, o_proj, gate_up_proj, down_proj"),
+        (PHI3, ["qkv_proj", "model.layers.0.mlp.gate_proj"], "qkv_proj, o_proj, gate_up_proj, down_proj"),
+        (BASE, ["qkv_proj"], "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"),
+    ],
+)
+def test_refuses_modules_the_family_does_not_have(tmp_path, base, targets, names):
+    path = write_adapter(tmp_path, config={"target_modules": targets})  # refused from the config alone
+    error = refused(path, AdapterConfigError, "target_modules", base=base)
+    assert names in error.message
+    assert (f"a {base.model_type} base model" if base.model_type else "this base model") in error.message
+
+
+def test_refuses_tensors_of_modules_the_family_does_not_have(tmp_path):
+    """A regex target cannot be checked by name; the tensors are, and the refusal lists the family's modules."""
+    path = write_adapter(tmp_path, config={"target_modules": r".*\.(q_proj|qkv_proj)"}, targets=("q_proj",))
+    error = refused(path, UnexpectedTensorError, _key(0, "q_proj", "A"), base=PHI3)
+    assert "qkv_proj, o_proj, gate_up_proj, down_proj" in error.message

@@ -7,11 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
 from core.hyperparameters import Hyperparameters
+from core.tiny_model import BYTE_OFFSET, FAMILIES, TinyModelSpec, make_tiny_model
 from trainer.cli import register
 from trainer.errors import TrainingCancelled
 from trainer.manifest import fingerprint_base_model, verify_adapter_dir
@@ -109,15 +111,56 @@ def test_the_train_command_writes_an_adapter_and_names_bad_lines(tiny_model_dir:
     assert "line 5: 'prompt' must be a non-empty string" in " ".join(bad.output.split())
 
 
-def test_a_qwen3_adapter_trains_and_fits_the_base_it_was_trained_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_adapter_of_each_family_trains_fits_and_serves_as_peft_does(tmp_path: Path, family: str) -> None:
+    """A few steps on the family's tiny model; the adapter fits its base, and the engine's greedy tokens with it
+    equal PEFT's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     from core.adapter_format import inspect_adapter
     from core.model_sizes import ModelSizes
     from core.projections import PROJECTIONS
-    from core.tiny_model import TinyModelSpec, make_tiny_model
+    from server.engine import SamplingParams
+    from server.offline import LLM
 
-    base = make_tiny_model(tmp_path / "qwen3", TinyModelSpec(family="qwen3", hidden=64, layers=1))
+    base = make_tiny_model(tmp_path / family, TinyModelSpec(family=family, hidden=64, layers=1))
     result = train_adapter(request(base, tmp_path, "out", n_epochs=1, lora_r=4))
     assert result.steps == 3  # 12 examples / 4
     shapes = ModelSizes.from_hf_config(json.loads((base / "config.json").read_text())).base_shapes()
     spec = inspect_adapter(result.output_dir, shapes, max_rank=64)
-    assert {m.projection for m in spec.modules} == set(PROJECTIONS)
+    assert {p for m in spec.modules for p in shapes.modules.get(m.projection).projections} == set(PROJECTIONS)
+
+    prompt = [b + BYTE_OFFSET for b in b"Item 3: and Item 4: and more"]  # longer than the 16-token windows
+    llm = LLM(base, pool_bytes=4 << 20, max_lora_rank=8)
+    llm.load_adapter(family, result.output_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    (ours,) = llm.generate([(prompt, family, params)])
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), result.output_dir)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        expected = peft.eval().generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours.outputs[0].token_ids == expected[0, ids.shape[1] :].tolist()
+
+
+def test_a_phi3_adapter_targets_its_fused_modules(tmp_path: Path) -> None:
+    """By default a Phi-3 adapter adapts its four fused modules, named so in its config and manifest."""
+    base = make_tiny_model(tmp_path / "phi3", TinyModelSpec(family="phi3", hidden=64, layers=1))
+    result = train_adapter(request(base, tmp_path, "out", n_epochs=1, lora_r=4))
+    fused = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    config = json.loads((result.output_dir / ADAPTER_CONFIG).read_text())
+    assert config["target_modules"] == sorted(fused) and result.manifest["target_modules"] == fused
+
+
+def test_the_train_command_refuses_part_of_a_fused_module(tmp_path: Path) -> None:
+    """Phi-3 holds q/k/v in one matrix: adapting only q and v cannot be trained or served, and says so."""
+    base = make_tiny_model(tmp_path / "phi3", TinyModelSpec(family="phi3", hidden=64, layers=1))
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    data = write_rows(tmp_path / "train.jsonl", 12)
+    args = ["train", "--model", str(base), "--data", str(data), "--out", str(tmp_path / "adapter")]
+    done = CliRunner().invoke(app, [*args, "--target-modules", "q_proj,v_proj"])
+    assert done.exit_code == 2, done.output
+    assert "holds q_proj, k_proj, v_proj in one matrix, qkv_proj" in " ".join(done.output.split())
+    assert not (tmp_path / "adapter").exists()
