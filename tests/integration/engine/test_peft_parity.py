@@ -11,7 +11,7 @@ from core.adapter_format import inspect_adapter, load_adapter_weights
 from server.engine import SamplingParams
 from server.memory.block_manager import blocks_for
 from server.offline import LLM
-from tests.integration.engine.models import ALL_PROJECTIONS, hf_config, load_hf, save_adapter, save_model
+from tests.integration.engine.models import ALL_PROJECTIONS, hf_config, save_adapter, save_model
 
 MAX_TOKENS = 12
 ADAPTERS = {
@@ -30,6 +30,19 @@ ADAPTERS = {
 }
 
 
+def _peft_model(base: Path, dirs: dict[str, Path], dtype: torch.dtype = torch.float32, **kw):
+    """Every adapter of ``dirs`` loaded under its name into one ``PeftModel`` over ``base`` in ``dtype``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation="eager")
+    (first, path), *rest = dirs.items()
+    model = PeftModel.from_pretrained(hf, path, adapter_name=first, **kw)
+    for name, path in rest:
+        model.load_adapter(path, adapter_name=name, **kw)
+    return model.eval()
+
+
 def _peft_generate(model, prompt: list[int], adapter: str | None, max_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
     kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -46,8 +59,6 @@ def _peft_generate(model, prompt: list[int], adapter: str | None, max_tokens: in
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     """A base model, six adapters, 21 requests (3 per adapter + 3 base) and PEFT's answer to each."""
-    from peft import PeftModel
-
     root = tmp_path_factory.mktemp("parity")
     base = save_model(root / "base", hf_config("llama"))
     dirs = {name: save_adapter(root / name, base, seed=i + 1, **kw) for i, (name, kw) in enumerate(ADAPTERS.items())}
@@ -58,11 +69,7 @@ def case(tmp_path_factory):
         length = int(torch.randint(3, 48, (1,), generator=gen))
         prompt = torch.randint(3, 96, (length,), generator=gen).tolist()
         requests.append((prompt, names[i % len(names)]))
-    peft_model = PeftModel.from_pretrained(load_hf(base), dirs["attn-r8"], adapter_name="attn-r8")
-    for name, path in dirs.items():
-        if name != "attn-r8":
-            peft_model.load_adapter(path, adapter_name=name)
-    peft_model.eval()
+    peft_model = _peft_model(base, dirs)
     expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
     return base, dirs, requests, expected
 
@@ -146,8 +153,6 @@ FAMILIES = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_adapters_match_peft(family, tmp_path):
     """Adapters of one mixed batch equal PEFT and change the answers; also when a small pool preempts requests."""
-    from peft import PeftModel
-
     spec = dict(FAMILIES[family])
     base = save_model(tmp_path / "base", hf_config(spec.pop("arch"), **spec))
     names = ("all-r32", "attn-r8", "qv-r2")
@@ -155,10 +160,7 @@ def test_family_adapters_match_peft(family, tmp_path):
     gen = torch.Generator().manual_seed(5)
     lengths = {names[0]: 9, names[1]: 30, names[2]: 17, None: 24}
     requests = [(torch.randint(3, 96, (n,), generator=gen).tolist(), name) for name, n in lengths.items()]
-    peft_model = PeftModel.from_pretrained(load_hf(base), dirs[names[0]], adapter_name=names[0])
-    for name in names[1:]:
-        peft_model.load_adapter(dirs[name], adapter_name=name)
-    peft_model.eval()
+    peft_model = _peft_model(base, dirs)
     expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
     without = [_peft_generate(peft_model, prompt, None, MAX_TOKENS) for prompt, _ in requests]
     llm, got = _run(base, dirs, requests, pool_bytes=16 << 20, max_num_batched_tokens=16)
@@ -187,8 +189,6 @@ PHI3_ADAPTERS = {  # PEFT names Phi-3's fused modules; each becomes its projecti
 def phi3_case(tmp_path_factory):
     """A Phi-4-mini-like base (fused weights, LongRoPE, 3/4 rotary, tied, 16-token window), four adapters on its
     fused modules, ten requests (some past the window) and PEFT's answer to each."""
-    from peft import PeftModel
-
     root = tmp_path_factory.mktemp("phi3")
     config = hf_config(
         "phi3",
@@ -213,11 +213,7 @@ def phi3_case(tmp_path_factory):
     for i in range(10):
         prompt = torch.randint(3, 96, (int(torch.randint(3, 40, (1,), generator=gen)),), generator=gen).tolist()
         requests.append((prompt, names[i % len(names)]))
-    peft_model = PeftModel.from_pretrained(load_hf(base), dirs["attn-r1"], adapter_name="attn-r1")
-    for name, path in dirs.items():
-        if name != "attn-r1":
-            peft_model.load_adapter(path, adapter_name=name)
-    peft_model.eval()
+    peft_model = _peft_model(base, dirs)
     expected = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in requests]
     without = [_peft_generate(peft_model, prompt, None, MAX_TOKENS) for prompt, _ in requests]
     return base, dirs, requests, expected, without
@@ -247,15 +243,7 @@ def test_phi3_parity_holds_when_requests_are_preempted_and_resumed(phi3_case):
 
 def _peft_logits(dtype: torch.dtype, base: Path, dirs: dict[str, Path], requests, **kw) -> list[torch.Tensor]:
     """PEFT's logits over each request's prompt, with the base model in ``dtype`` (PEFT keeps adapters in fp32)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation="eager")
-    names = list(dirs)
-    model = PeftModel.from_pretrained(hf, dirs[names[0]], adapter_name=names[0], **kw)
-    for name in names[1:]:
-        model.load_adapter(dirs[name], adapter_name=name, **kw)
-    model.eval()
+    model = _peft_model(base, dirs, dtype, **kw)
     logits = []
     with torch.inference_mode():
         for prompt, adapter in requests:
