@@ -22,7 +22,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("cpu_sgmv.c", "cpu_attention.c", "cpu_gemm.c")
+SOURCES = ("cpu_sgmv.c", "cpu_attention.c", "cpu_gemm.c", "cpu_sampling.c")
 HEADERS = ("cpu_common.h",)
 # No -ffast-math: linking with it sets flush-to-zero for the whole process (crtfastmath), which changes
 # float behaviour for everything else loaded alongside (Hypothesis refuses to run, for one).
@@ -38,6 +38,7 @@ SIGNATURES = {
         _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64,
     ],
     "panel_linear": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64],
+    "apply_token_bitmask": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64],
     "paged_attention_decode": [
         _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32, _ptr, _ptr,
         _i64, _i64, _i64, _i64,

@@ -49,6 +49,8 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "missing":
         message = "this field is required"
+    elif first.get("type") == "extra_forbidden":
+        message = "unknown field: this server does not support it, so it was refused rather than ignored; remove it"
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     text = f"{param}: {message}{more}" if param else message + more
     return JSONResponse(error_body(text, "invalid_request_error", param=param), status_code=400)

@@ -10,6 +10,7 @@ from typing import Any
 from core.errors import InvalidRequest
 from server.engine import LLMEngine, SamplingParams
 from server.engine.errors import PromptTooLong
+from server.engine.grammar import JSON_OBJECT_SCHEMA, canonical_schema
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -87,11 +88,6 @@ def chat_prompt(body: ChatCompletionRequest, engine: LLMEngine) -> list[int]:
 
 def refuse_unsupported(body: GenerationRequest) -> None:
     """400 for parameters this server would otherwise silently ignore."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise InvalidRequest(f"{name} is not supported by this server; leave it at 0", param=name)
-    if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported by this server", param="logit_bias")
     if isinstance(body, CompletionRequest):
         if body.echo:
             raise InvalidRequest("echo is not supported by this server", param="echo")
@@ -102,8 +98,6 @@ def refuse_unsupported(body: GenerationRequest) -> None:
     if isinstance(body, ChatCompletionRequest):
         if body.tools:
             raise InvalidRequest("tools are not supported by this server", param="tools")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise InvalidRequest("only response_format {type: text} is supported", param="response_format")
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
 
@@ -145,4 +139,44 @@ def sampling_params(body: GenerationRequest, prompt_len: int, max_model_len: int
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         skip_special_tokens=body.skip_special_tokens,
+        json_schema=response_schema(body.response_format),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        min_p=body.min_p or 0.0,
+        logit_bias=token_biases(body.logit_bias),
     )
+
+
+def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with integer keys; ranges are checked downstream."""
+    biases = {}
+    for key, bias in (logit_bias or {}).items():
+        if not (key.isascii() and key.strip().isdigit()):
+            raise InvalidRequest(f"logit_bias keys must be token ids (got {key!r})", param="logit_bias")
+        biases[int(key)] = bias
+    return biases
+
+
+def response_schema(response_format: Any) -> str | None:
+    """The canonical JSON schema ``response_format`` asks for: None for text, any object for ``json_object``."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if kind != "json_schema":
+        raise InvalidRequest(
+            "response_format must be {type: text}, {type: json_object} or {type: json_schema, json_schema: {...}}",
+            param="response_format",
+        )
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise InvalidRequest("response_format.json_schema needs a name and a schema", param="response_format")
+    schema = spec.get("schema", {})  # OpenAI's default: any JSON value
+    if not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object", param="response_format")
+    # strict is always honoured: every completion that finishes with "stop" matches the schema.
+    return canonical_schema(schema)

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (plus the vLLM extensions and the platform's adapter field).
 
-Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour exactly (penalties,
-logit bias, echo, suffix, tools) are refused with a 400 naming them rather than silently ignored.
+Nothing is silently dropped: an unknown field is a 400 naming it, and fields we cannot honour exactly (echo,
+suffix, tools) are refused likewise. The only exceptions are ``IGNORED_FIELDS``, which OpenAI clients send and
+which change nothing about the tokens generated here (docs/serving.md lists them).
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ from core.descriptor import AdapterDescriptor
 from core.protocol import ADAPTER_FIELD
 from server.engine.sampling_params import MAX_LOGPROBS
 
+# Accepted and ignored: bookkeeping and routing hints of OpenAI's own platform. ``parallel_tool_calls`` is here
+# because tools are refused: without tools it means nothing.
+IGNORED_FIELDS = (
+    "user", "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"
+)  # fmt: skip
+
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
 
@@ -24,7 +31,7 @@ class StreamOptions(BaseModel):
 class GenerationRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     model: str = Field(min_length=1)
     n: int = Field(default=1, ge=1)
@@ -37,15 +44,25 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: Any = None  # text, json_object or json_schema; checked by hand (openai_params.response_schema)
     # vLLM extensions
+    repetition_penalty: float | None = None
+    min_p: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     return_token_ids: bool = False
     # The platform's adapter descriptor, sent by the control plane (holder of the internal token) only.
     adapter: AdapterDescriptor | None = Field(default=None, alias=ADAPTER_FIELD)
+    # IGNORED_FIELDS: any value is accepted and none has an effect.
+    user: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    parallel_tool_calls: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
 
     @property
     def include_usage(self) -> bool:
@@ -72,7 +89,6 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # vLLM extension
 
 

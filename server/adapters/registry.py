@@ -23,6 +23,7 @@ from server.adapters.sources import (
     StoreSource,
     descriptor_key,
     local_key,
+    relative_lora_path,
     resolve_local,
 )
 
@@ -69,8 +70,10 @@ class AdapterRegistry:
         return self.register_local(model, model)
 
     def register_local(self, name: str, relative: str) -> KnownAdapter:
-        """Bind ``name`` to a directory under the root (idempotent for the same path)."""
+        """Bind ``name`` to a directory under the root, given relative to it or absolute inside it (idempotent for
+        the same path)."""
         self._check_name(name)
+        relative = relative_lora_path(self.adapter_root, relative)
         path = resolve_local(self.adapter_root, relative)
         with self._lock:
             known = self._by_name.get(name)

@@ -1,8 +1,9 @@
 """Where an adapter's files come from: the object store (by descriptor) or a directory under ``--adapter-root``.
 
-Local paths are untrusted input (a request's ``model`` or ``lora_path``): they must be relative, must not
-climb with ``..``, and must still be inside the root once every symlink is resolved, for the directory
-and for each file read from it.
+Local paths are untrusted input (a request's ``model`` or ``lora_path``): they must be relative (an absolute
+``lora_path``, as vLLM clients send, is made relative when it lies inside the root), must not climb with
+``..``, and must still be inside the root once every symlink is resolved, for the directory and for each file
+read from it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def check_relative(relative: str, what: str = "lora_path") -> PurePosixPath:
     if ".." in posix.parts:
         raise AdapterPathRefused(f"{what} {relative!r} contains '..'; adapters must stay under the root", param=what)
     return posix
+
+
+def relative_lora_path(root: Path | None, lora_path: str) -> str:
+    """``lora_path`` relative to the root: a relative path as given, an absolute one only when it lies inside the
+    root (as configured or as resolved); :func:`resolve_local` then checks ``..`` and symlinks as for any other."""
+    if root is None or not isinstance(lora_path, str) or not PurePosixPath(lora_path).is_absolute():
+        return lora_path
+    path = PurePosixPath(lora_path)
+    if ".." in path.parts:
+        raise AdapterPathRefused(
+            f"lora_path {lora_path!r} contains '..'; adapters must stay under the root", param="lora_path"
+        )
+    for base in (PurePosixPath(root), PurePosixPath(root.resolve())):
+        if path.is_relative_to(base) and path != base:
+            return str(path.relative_to(base))
+    raise AdapterPathRefused(
+        f"lora_path {lora_path!r} is outside the server's --adapter-root; give a path inside it (or relative to it)",
+        param="lora_path",
+    )
 
 
 def resolve_local(root: Path | None, relative: str, what: str = "lora_path") -> Path:

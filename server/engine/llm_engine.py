@@ -18,6 +18,7 @@ from server.engine.builder import EngineParts, build_engine_parts
 from server.engine.config import EngineConfig
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.errors import DuplicateRequest, PromptTooLong
+from server.engine.grammar import GrammarCache, advance
 from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput, TokenLogprob
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Sequence
@@ -54,6 +55,7 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.eos_token_ids = set(parts.eos_token_ids)
+        self.grammars = GrammarCache(self.tokenizer, self.model_config.vocab_size, list(self.eos_token_ids))
         self._requests: dict[str, _Request] = {}
         self._aborted: set[str] = set()  # aborted since the last step: their final output is still owed
         self._next_seq_id = 0
@@ -87,10 +89,17 @@ class LLMEngine:
             raise PromptTooLong("prompt token ids must be within the vocabulary", param="prompt")
         if blocks_for(len(token_ids) + 1, self.config.block_size) > self.pool.stats().kv_capacity_pages:
             raise PromptTooLong("the prompt does not fit the KV pool even alone", param="prompt")
+        if any(t >= self.model_config.vocab_size for t in params.logit_bias):
+            raise InvalidRequest(
+                f"logit_bias token ids must be below the vocabulary size {self.model_config.vocab_size}",
+                param="logit_bias",
+            )
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer; this model directory has none", param="stop")
         if request_id in self._requests:
             raise DuplicateRequest(f"request id {request_id!r} is already in use", param="request_id")
+        # Compiled (or found in the cache) before anything is held: an unsupported schema is a 400 here.
+        matchers = [self.grammars.matcher(params.json_schema) for _ in range(params.n)] if params.json_schema else []
         slot = self.adapters.acquire(adapter).slot if adapter is not None else NO_ADAPTER
         request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
         self._requests[request_id] = request
@@ -99,6 +108,7 @@ class LLMEngine:
             if params.detokenize and self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
             seq = Sequence(self._next_seq_id, request_id, index, token_ids, params, slot, detok)
+            seq.matcher = matchers[index] if matchers else None
             self._next_seq_id += 1
             request.seqs.append(seq)
             self.scheduler.add(seq)
@@ -171,6 +181,7 @@ class LLMEngine:
             seq.logprobs.append(logprob)
             seq.pending_logprobs.append(logprob)
         params = seq.params
+        grammar_done = seq.matcher is not None and advance(seq.matcher, token_id)
         if token_id in params.stop_token_ids:
             self._finish(seq, "stop", token_id)
             return
@@ -183,6 +194,9 @@ class LLMEngine:
             if stop is not None:
                 self._finish(seq, "stop", stop)
                 return
+        if grammar_done:  # the structured output is complete: only EOS could follow, so stop now
+            self._finish(seq, "stop")
+            return
         if (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens) or (
             seq.num_tokens >= self.max_model_len
         ):

@@ -52,11 +52,17 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput) -> list[tuple[Sequence, int, TokenLogprob | None]]:
         """Run one step; returns ``(sequence, new token, logprob)`` for every sequence that samples."""
         inputs = self.prepare(batch)
+        # Grammar masks depend only on what the constrained rows accepted so far: fill them during the forward.
+        matchers = [seq.matcher for seq in inputs.sampled if seq.matcher is not None]
+        self.sampler.masks.start(matchers, self.model.config.vocab_size)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attention, inputs.segments)
         if not inputs.sampled:
             return []
         logits = self.model.compute_logits(hidden[inputs.logit_rows])
-        rows = [SamplingRow(seq.params, seq.index, seq.num_output_tokens) for seq in inputs.sampled]
+        rows = [
+            SamplingRow(seq.params, seq.index, seq.num_output_tokens, seq.matcher, seq.token_counts)
+            for seq in inputs.sampled
+        ]
         token_ids, logprobs = self.sampler.sample(logits, rows)
         return list(zip(inputs.sampled, token_ids, logprobs, strict=True))
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from loraplex_kernels import NO_ADAPTER
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringFilter
 from server.engine.outputs import FinishReason, TokenLogprob
+from server.engine.penalties import TokenCounts
 from server.engine.sampling_params import SamplingParams
 
 
@@ -43,6 +45,11 @@ class Sequence:
         self.detokenizer = detokenizer
         self.stop_filter = StopStringFilter(params.stop) if detokenizer is not None else None
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        # Penalties: token counts kept by the sampler (they survive preemption, like the output tokens).
+        self.token_counts = TokenCounts(self.token_ids, self.num_prompt_tokens) if params.penalised else None
+        # Structured outputs: this completion's grammar matcher (llguidance ``LLMatcher``), set by the engine. It
+        # has consumed exactly the output tokens, so a preempted sequence keeps it: recompute only rebuilds KV.
+        self.matcher: Any = None
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.finish_reported = False

@@ -43,9 +43,9 @@ def _peft_model(base: Path, dirs: dict[str, Path], dtype: torch.dtype = torch.fl
     return model.eval()
 
 
-def _peft_generate(model, prompt: list[int], adapter: str | None, max_tokens: int) -> list[int]:
+def _peft_generate(model, prompt: list[int], adapter: str | None, max_tokens: int, **generate) -> list[int]:
     ids = torch.tensor([prompt])
-    kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, **generate)
     with torch.inference_mode():
         if adapter is None:
             with model.disable_adapter():
@@ -111,6 +111,25 @@ def test_parity_holds_when_requests_are_preempted_and_resumed(case):
     assert got == expected
     stats = llm.engine.pool_stats()
     assert stats.kv_pages == 0 and stats.free_pages == stats.total_pages - stats.adapter_pages
+
+
+def test_repetition_penalty_matches_transformers_in_a_mixed_batch(case):
+    """vLLM's repetition penalty is transformers' (prompt and output tokens): penalised rows equal
+    ``generate(repetition_penalty=...)`` while the plain rows beside them keep their PEFT answers."""
+    base, dirs, requests, expected = case
+    penalty, chosen = 1.8, list(range(0, 21, 3))  # every adapter and the base model
+    peft_model = _peft_model(base, dirs)
+    penalised = [_peft_generate(peft_model, *requests[i], MAX_TOKENS, repetition_penalty=penalty) for i in chosen]
+    assert penalised != [expected[i] for i in chosen]  # the penalty changes answers
+    llm = LLM(base, pool_bytes=16 << 20, max_lora_rank=32)
+    for name, path in dirs.items():
+        llm.load_adapter(name, path)
+    plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    knob = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, repetition_penalty=penalty)
+    batch = [(prompt, adapter, knob if i in chosen else plain) for i, (prompt, adapter) in enumerate(requests)]
+    got = [out.outputs[0].token_ids for out in llm.generate(batch)]
+    assert [got[i] for i in chosen] == penalised
+    assert [g for i, g in enumerate(got) if i not in chosen] == [e for i, e in enumerate(expected) if i not in chosen]
 
 
 def test_parity_with_triton_kernels(case, monkeypatch):

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 import httpx
 import openai
 import pytest
+from openai.lib._parsing._completions import type_to_response_format_param
+from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 from core.descriptor import AdapterDescriptor
@@ -174,6 +179,71 @@ def test_vllm_style_load_and_unload(server, stored, base_name):
         assert stored.id in server.runtime.replica_status().resident_adapters
 
 
+def test_absolute_lora_paths_load_inside_the_root_only(server, adapter_root, tmp_path):
+    """vLLM clients send absolute paths: inside --adapter-root they load; outside it (or via '..') they are refused."""
+    outside = tmp_path / "outside-a"
+    copy_adapter(adapter_root / "local-a", outside)
+    with server.http() as http:
+        inside = {"lora_name": "abs-b", "lora_path": str(adapter_root / "nested" / "local-b")}
+        assert http.post("/v1/load_lora_adapter", json=inside).status_code == 200
+        assert server.client().completions.create(model="abs-b", prompt=PROMPT, max_tokens=1).usage.completion_tokens
+        for path in (str(outside), f"{adapter_root}/../{outside.name}", "/etc"):
+            refused = http.post("/v1/load_lora_adapter", json={"lora_name": "abs-x", "lora_path": path})
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "lora_path"
+        assert http.post("/v1/unload_lora_adapter", json={"lora_name": "abs-b"}).status_code == 200
+
+
+def test_sampling_knobs_through_the_sdk(server, base_name, tokenizer):
+    """Penalties, logit bias and min-p are honoured (unit tests check the formulas), and seeded runs repeat."""
+    client = server.client()
+    a, b = tokenizer("ab", add_special_tokens=False).input_ids
+    args = dict(model=base_name, prompt=PROMPT, max_tokens=8, temperature=0)
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    bias = {str(a): 100, str(b): 100}
+    forced = client.completions.create(**args, logit_bias=bias, extra_body=extra)
+    assert set(forced.choices[0].token_ids) <= {a, b}
+    # A strong frequency penalty makes the two favourites take turns rather than one repeating.
+    spread = client.completions.create(**args, logit_bias=bias, frequency_penalty=2.0, extra_body=extra)
+    assert set(spread.choices[0].token_ids) == {a, b}
+    chat = client.chat.completions.create(
+        model=base_name, messages=MESSAGES, max_tokens=4, temperature=0, logit_bias={str(a): 100},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert chat.choices[0].message.content == "aaaa"
+    neutral = dict(presence_penalty=0, frequency_penalty=0, logit_bias={})
+    plain = client.completions.create(**args, extra_body=extra).choices[0].token_ids
+    knobbed = client.completions.create(**args, **neutral, extra_body={**extra, "repetition_penalty": 1, "min_p": 0})
+    assert plain == knobbed.choices[0].token_ids  # neutral knobs leave greedy output alone
+    seeded = dict(model=base_name, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3, presence_penalty=1.0)
+    vllm = {**extra, "repetition_penalty": 1.3, "min_p": 0.1}
+    first = client.completions.create(**seeded, extra_body=vllm).choices[0].token_ids
+    assert client.completions.create(**seeded, extra_body=vllm).choices[0].token_ids == first
+
+
+def test_stop_strings_spanning_tokens_cut_the_text(server, base_name):
+    """Byte-level tokens: a three-character stop string spans three tokens, streamed or not, and never leaks."""
+    client = server.client()
+    args = dict(model=base_name, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**args, max_tokens=24).choices[0].text
+    stop = full[9:12]
+    assert len(stop) == 3
+    cut = client.completions.create(**args, max_tokens=24, stop=[stop])
+    assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(**args, max_tokens=24, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == cut.choices[0].text
+
+
+def test_ignorable_openai_fields_are_accepted(server, base_name):
+    client = server.client()
+    ignorable = {"user": "u-1", "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
+                 "parallel_tool_calls": False, "safety_identifier": "s", "prompt_cache_key": "c"}  # fmt: skip
+    out = client.chat.completions.create(model=base_name, messages=MESSAGES, max_tokens=2, extra_body=ignorable)
+    assert out.usage.completion_tokens == 2
+    done = client.completions.create(model=base_name, prompt=PROMPT, max_tokens=2, user="u-1", extra_body=ignorable)
+    assert done.usage.completion_tokens == 2
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_streams_are_server_sent_events_ending_in_done(server, base_name, path):
     body = {"model": base_name, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
@@ -210,7 +280,12 @@ def test_every_route_but_health_needs_the_internal_token(server, base_name):
         ({"prompt": "x" * MAX_MODEL_LEN}, 400, "prompt", "context"),
         ({"prompt": ["a", "b"]}, 400, "prompt", "one string"),
         ({"prompt": [1, 99999]}, 400, "prompt", "token ids"),
-        ({"prompt": PROMPT, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
+        ({"prompt": PROMPT, "presence_penalty": 3.0}, 400, "presence_penalty", "[-2, 2]"),
+        ({"prompt": PROMPT, "logit_bias": {"99999": 1}}, 400, "logit_bias", "vocabulary"),
+        ({"prompt": PROMPT, "min_tokens": 2}, 400, "min_tokens", "unknown field"),
+        ({"prompt": PROMPT, "stream": True, "stream_options": {"chunk": 1}}, 400, "stream_options.chunk", "unknown"),
+        ({"messages": MESSAGES, "functions": [{"name": "f"}]}, 400, "functions", "unknown field"),
+        ({"messages": MESSAGES, "repetition_penalty": -1}, 400, "repetition_penalty", "> 0"),
         ({"prompt": PROMPT, "temperature": -1}, 400, "temperature", "greater than or equal"),
         ({"prompt": PROMPT, "model": "no-such-model"}, 404, "model", "neither the base model"),
         ({"prompt": PROMPT, "model": "../etc"}, 400, "model", ".."),
@@ -263,3 +338,119 @@ def test_metrics_expose_exactly_the_documented_names(server):
         + metrics.value("loraplex_pool_pages", kind="kv")
         == stats.total_pages
     )
+
+
+# ----- structured outputs: response_format through the stock SDK ------------------------------------------------
+
+
+class Colour(StrEnum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=8)
+    floor: int = Field(ge=0, le=99)
+
+
+class Person(BaseModel):
+    """Nested objects, an enum, a bounded array and an optional field (bounded, so the random model finishes)."""
+
+    name: str = Field(max_length=8)
+    colour: Colour
+    address: Address
+    scores: list[Annotated[int, Field(ge=0, le=9)]] = Field(min_length=1, max_length=3)
+    nickname: str | None = Field(default=None, max_length=4)
+
+
+STRUCTURED_MAX_TOKENS = 300  # above the longest output Person allows: constrained outputs always finish
+
+
+def person_format() -> dict:
+    return type_to_response_format_param(Person)
+
+
+def test_chat_parse_returns_the_pydantic_object(server, base_name):
+    client = server.client()
+    for seed in range(3):
+        completion = client.chat.completions.parse(
+            model=base_name,
+            messages=MESSAGES,
+            response_format=Person,
+            seed=seed,
+            max_completion_tokens=STRUCTURED_MAX_TOKENS,
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Person), choice.message.content
+        assert Person.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_json_object_output_parses_on_both_routes(server, base_name):
+    client = server.client()
+    chat = client.chat.completions.create(
+        model=base_name, messages=MESSAGES, response_format={"type": "json_object"}, temperature=0
+    )
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    finished = 0
+    for seed in range(6):  # an unbounded object may be cut by max_tokens: finish_reason "length" says so
+        choice = client.completions.create(
+            model=base_name,
+            prompt=PROMPT,
+            max_tokens=200,
+            seed=seed,
+            extra_body={"response_format": {"type": "json_object"}},
+        ).choices[0]
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.text), dict)
+            finished += 1
+        else:
+            assert choice.finish_reason == "length" and choice.text.startswith("{")
+    assert finished
+
+
+def test_streamed_constrained_output_concatenates_to_valid_json(server, base_name):
+    stream = server.client().chat.completions.create(
+        model=base_name, messages=MESSAGES, response_format=person_format(), seed=4, stream=True,
+        max_completion_tokens=STRUCTURED_MAX_TOKENS,
+    )  # fmt: skip
+    chunks = [c for c in stream if c.choices]
+    assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason == "stop"
+    Person.model_validate_json("".join(c.choices[0].delta.content or "" for c in chunks))
+
+
+def test_constrained_and_free_requests_share_steps_on_different_adapters(server, base_name):
+    """Free greedy requests give the same tokens whether or not constrained ones run beside them."""
+    client = server.client()
+
+    def free(model: str) -> list[int]:
+        out = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )  # fmt: skip
+        return out.choices[0].token_ids
+
+    def constrained(seed: int) -> Person:
+        completion = client.chat.completions.parse(
+            model="nested/local-b", messages=MESSAGES, response_format=Person, seed=seed,
+            max_completion_tokens=STRUCTURED_MAX_TOKENS,
+        )  # fmt: skip
+        return completion.choices[0].message.parsed
+
+    alone = {model: free(model) for model in (base_name, "local-a")}
+    with ThreadPoolExecutor(8) as pool:
+        frees = [pool.submit(free, model) for model in (base_name, "local-a") * 3]
+        parsed = [pool.submit(constrained, seed) for seed in range(6)]
+        assert [f.result() for f in frees] == [alone[base_name], alone["local-a"]] * 3
+        assert all(isinstance(p.result(), Person) for p in parsed)
+
+
+def test_unsupported_schema_features_are_a_400_naming_them(server, base_name):
+    schema = {"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().chat.completions.create(
+            model=base_name, messages=MESSAGES,
+            response_format={"type": "json_schema", "json_schema": {"name": "ids", "schema": schema, "strict": True}},
+        )  # fmt: skip
+    error = info.value.body.get("error", info.value.body)
+    assert info.value.status_code == 400 and error["param"] == "response_format" and "uniqueItems" in error["message"]

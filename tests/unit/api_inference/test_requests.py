@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -95,3 +97,29 @@ def test_base_model_requests_carry_no_descriptor() -> None:
     assert ADAPTER_FIELD not in body and wants_usage
     body, _ = upstream_body({"model": "m", "prompt": "x"}, None)
     assert "stream_options" not in body
+
+
+def test_response_format_reaches_the_replica_unchanged() -> None:
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"enum": ["x"]}}, "required": ["b"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    for raw in (
+        {"model": "ft:x", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format},
+        {"model": "ft:x", "prompt": "hi", "response_format": {"type": "json_object"}},
+    ):
+        model = ChatCompletionBody if "messages" in raw else CompletionBody
+        assert model.model_validate(raw).model_dump()["response_format"] == raw["response_format"]  # allowed as is
+        body, _ = upstream_body(raw, DESCRIPTOR)
+        assert json.dumps(body["response_format"]) == json.dumps(raw["response_format"])  # key order too
+
+
+def test_sampling_knobs_and_unknown_fields_reach_the_replica_unchanged() -> None:
+    """The replica owns the decision (honour or refuse with a 400 naming the field); the API forwards as sent."""
+    knobs = {
+        "presence_penalty": 0.5, "frequency_penalty": -0.2, "repetition_penalty": 1.1, "min_p": 0.05,
+        "logit_bias": {"17": -100}, "seed": 3, "user": "u", "min_tokens": 2,
+    }  # fmt: skip
+    for raw in ({"model": "m", "prompt": "hi", **knobs}, {"model": "m", "messages": [{"role": "user"}], **knobs}):
+        model = ChatCompletionBody if "messages" in raw else CompletionBody
+        model.model_validate(raw)
+        body, _ = upstream_body(raw, None)
+        assert {key: body[key] for key in knobs} == knobs

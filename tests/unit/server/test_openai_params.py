@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from core.errors import InvalidRequest
 from server.openai_params import chat_messages, sampling_params
-from server.openai_schemas import ChatCompletionRequest, CompletionRequest
+from server.openai_schemas import IGNORED_FIELDS, ChatCompletionRequest, CompletionRequest
 
 CONTEXT = 100
 
@@ -50,14 +51,20 @@ def test_the_context_limit_is_checked_against_prompt_and_max_tokens():
     ("body", "param"),
     [
         (completion(n=5), "n"),
-        (completion(presence_penalty=0.5), "presence_penalty"),
-        (completion(frequency_penalty=-1.0), "frequency_penalty"),
-        (completion(logit_bias={"5": 1.0}), "logit_bias"),
+        (completion(presence_penalty=2.5), "presence_penalty"),
+        (chat(frequency_penalty=-3.0), "frequency_penalty"),
+        (chat(repetition_penalty=0.0), "repetition_penalty"),
+        (completion(min_p=1.5), "min_p"),
+        (completion(logit_bias={"5": 101.0}), "logit_bias"),
+        (chat(logit_bias={"five": 1.0}), "logit_bias"),
+        (chat(logit_bias={"-1": 1.0}), "logit_bias"),
         (completion(echo=True), "echo"),
         (completion(suffix="!"), "suffix"),
         (completion(best_of=3), "best_of"),
         (chat(tools=[{"type": "function"}]), "tools"),
-        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(response_format={"type": "xml"}), "response_format"),
+        (completion(response_format={"type": "json_schema", "json_schema": {"schema": {}}}), "response_format"),
+        (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": []}}), "response_format"),
         (completion(stop=[""]), "stop"),
     ],
 )
@@ -67,7 +74,28 @@ def test_what_cannot_be_honoured_is_refused(body, param):
 
 def test_zero_penalties_and_matching_best_of_are_accepted():
     body = completion(presence_penalty=0.0, frequency_penalty=0.0, best_of=2, n=2, logit_bias={})
-    assert sampling_params(body, 10, CONTEXT, 4).n == 2
+    params = sampling_params(body, 10, CONTEXT, 4)
+    assert params.n == 2 and not params.penalised and params.logit_bias == {}
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+def test_penalties_bias_and_min_p_reach_the_engine(make):
+    knobs = dict(presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.2, min_p=0.05)
+    body = make(**knobs, logit_bias={"7": -100, "3": 2})
+    params = sampling_params(body, 10, CONTEXT, 4)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.2)
+    assert params.min_p == 0.05 and params.logit_bias == {7: -100.0, 3: 2.0} and params.penalised
+
+
+@pytest.mark.parametrize("make", [completion, chat])
+def test_unknown_fields_are_refused_and_the_ignorable_ones_accepted(make):
+    with pytest.raises(ValidationError) as info:
+        make(min_tokens=3)
+    assert [(e["type"], e["loc"]) for e in info.value.errors()] == [("extra_forbidden", ("min_tokens",))]
+    with pytest.raises(ValidationError):
+        make(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    ignorable = {name: "x" for name in IGNORED_FIELDS}
+    assert sampling_params(make(**ignorable), 10, CONTEXT, 4) == sampling_params(make(), 10, CONTEXT, 4)
 
 
 def test_messages_are_normalised_to_text():
@@ -100,3 +128,15 @@ def test_malformed_messages_name_the_culprit(messages, param):
     with pytest.raises(InvalidRequest) as info:
         chat_messages(messages)
     assert info.value.param == param
+
+
+def test_response_format_becomes_a_canonical_schema_for_both_routes():
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    spaced = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    for body in (chat(response_format=spaced), completion(response_format=spaced)):
+        text = sampling_params(body, 10, CONTEXT, 4).json_schema
+        assert text == '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}'  # order kept
+    assert sampling_params(chat(response_format={"type": "json_object"}), 10, CONTEXT, 4).json_schema == (
+        '{"type":"object"}'
+    )
+    assert sampling_params(chat(response_format={"type": "text"}), 10, CONTEXT, 4).json_schema is None

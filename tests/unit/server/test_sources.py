@@ -1,4 +1,4 @@
-"""Local adapter paths stay under the adapter root: no absolute paths, no '..', no escaping symlinks."""
+"""Local adapter paths stay under the adapter root: no absolute paths outside it, no '..', no escaping symlinks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from core.descriptor import AdapterDescriptor
 from server.adapters.errors import AdapterPathRefused, ModelNotFound
-from server.adapters.sources import adapter_id_of_key, descriptor_key, local_key, resolve_local
+from server.adapters.sources import adapter_id_of_key, descriptor_key, local_key, relative_lora_path, resolve_local
 
 
 @pytest.fixture
@@ -55,6 +55,32 @@ def test_escapes_are_refused(root: Path, path: str, words: str):
     with pytest.raises(AdapterPathRefused) as refused:
         resolve_local(root, path)
     assert words in refused.value.message and refused.value.status_code == 400
+
+
+def test_absolute_lora_paths_inside_the_root_resolve_like_relative_ones(root: Path):
+    """vLLM clients send absolute paths; inside the root (as configured or resolved) they are fine."""
+    assert relative_lora_path(root, str(root / "team" / "adapter")) == "team/adapter"
+    assert relative_lora_path(root, str(root.resolve() / "plain")) == "plain"
+    assert relative_lora_path(root, "plain") == "plain"
+    assert resolve_local(root, relative_lora_path(root, str(root / "inside-link"))) == (root / "plain").resolve()
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        (lambda root: root.parent / "outside", "outside the server's --adapter-root"),
+        (lambda root: Path("/etc"), "outside the server's --adapter-root"),
+        (lambda root: root, "outside the server's --adapter-root"),
+        (lambda root: Path(f"{root}-sibling"), "outside the server's --adapter-root"),
+        (lambda root: Path(f"{root}/team/../../outside"), "'..'"),
+        (lambda root: root / "escape", "outside the adapter root"),  # inside by name, outside once resolved
+        (lambda root: root / "file-link", "outside the adapter root"),
+    ],
+)
+def test_absolute_lora_paths_outside_the_root_are_refused(root: Path, where, words: str):
+    with pytest.raises(AdapterPathRefused) as refused:
+        resolve_local(root, relative_lora_path(root, str(where(root))))
+    assert words in refused.value.message and refused.value.param == "lora_path"
 
 
 def test_missing_paths_and_files_are_not_found(root: Path):
