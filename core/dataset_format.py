@@ -1,9 +1,10 @@
 """Structural validation of fine-tuning JSONL, line by line, before anything is trained.
 
-Two formats, one per file: chat (``{"messages": [{"role", "content"}, ...]}``) and prompt/completion
-(``{"prompt", "completion"}``). Every problem is reported with its 1-based line number, up to a cap,
-so a user can fix a file in one pass. Pure Python: the API runs it while an upload streams in, the
-trainer runs it again (and adds token-length checks that need the tokenizer).
+Two formats, one per file: chat (``{"messages": [{"role", "content"}, ...]}``, optionally with tools and
+tool calls: ``core.dataset_tools``) and prompt/completion (``{"prompt", "completion"}``). Every problem
+is reported with its 1-based line number, up to a cap, so a user can fix a file in one pass. Pure
+Python: the API runs it while an upload streams in, the trainer runs it again (and adds token-length
+checks that need the tokenizer).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.dataset_tools import check_tool_calls, check_tools
+
 CHAT = "chat"
 PROMPT_COMPLETION = "prompt_completion"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MIN_EXAMPLES = 10
 DEFAULT_MAX_PROBLEMS = 20
 MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -60,25 +63,72 @@ def _example_format(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_example_tools(obj: dict[str, Any]) -> tuple[list[str], set[str] | None, bool]:
+    """Problems with the example's ``tools`` and ``parallel_tool_calls``, the declared names, and that flag."""
+    problems: list[str] = []
+    names: set[str] | None = None
+    if "tools" in obj:
+        tool_problems, names = check_tools(obj["tools"])
+        problems.extend(tool_problems)
+    if "functions" in obj:
+        problems.append("'functions' is OpenAI's deprecated format; declare them in 'tools' instead")
+    parallel = obj.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        problems.append("'parallel_tool_calls' must be true or false")
+    return problems, names, parallel is not False
+
+
+def _check_message(i: int, msg: dict[str, Any], names: set[str] | None, parallel: bool, called: set[str]) -> list[str]:
+    """Problems with ``messages[i]``; adds the tool call ids it makes to ``called``."""
+    problems = []
+    role, content = msg.get("role"), msg.get("content")
+    if role not in ROLES:
+        hint = "; use 'tool' with 'tool_call_id' instead" if role == "function" else ""
+        problems.append(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}{hint}")
+    calls = role == "assistant" and "tool_calls" in msg
+    if calls:  # a message that calls tools may say nothing else
+        if content is not None and not isinstance(content, str):
+            problems.append(f"messages[{i}].content must be a string or null")
+    elif not isinstance(content, str) or not content.strip():
+        problems.append(f"messages[{i}].content must be a non-empty string")
+    allowed = {"role", "content", "name", "weight"}
+    allowed |= {"tool_calls"} if role == "assistant" else {"tool_call_id"} if role == "tool" else set()
+    extra = set(msg) - allowed
+    if extra:
+        hint = "; use 'tool_calls' instead" if "function_call" in extra else ""
+        problems.append(f"messages[{i}] has unsupported keys {sorted(extra)}{hint}")
+    weight = msg.get("weight", 1)
+    if isinstance(weight, bool) or weight not in (0, 1):
+        problems.append(f"messages[{i}].weight must be 0 or 1, got {weight!r}")
+    if calls:
+        call_problems, ids = check_tool_calls(f"messages[{i}]", msg["tool_calls"], names, parallel)
+        problems.extend(call_problems)
+        for call_id in ids:
+            if call_id in called:
+                problems.append(f"messages[{i}].tool_calls id {call_id!r} is used by an earlier call")
+            called.add(call_id)
+    if role == "tool":
+        call_id = msg.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            problems.append(f"messages[{i}].tool_call_id must be the id of an earlier assistant tool call")
+        elif call_id not in called:
+            problems.append(f"messages[{i}].tool_call_id {call_id!r} matches no earlier assistant tool call")
+    return problems
+
+
 def _check_chat(obj: dict[str, Any]) -> list[str]:
     messages = obj.get("messages")
     if not isinstance(messages, list) or not messages:
         return ["'messages' must be a non-empty list"]
-    problems = []
+    problems, names, parallel = _check_example_tools(obj)
+    called: set[str] = set()
     has_assistant = False
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             problems.append(f"messages[{i}] must be an object with 'role' and 'content'")
             continue
-        role, content = msg.get("role"), msg.get("content")
-        if role not in ROLES:
-            problems.append(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
-        if not isinstance(content, str) or not content.strip():
-            problems.append(f"messages[{i}].content must be a non-empty string")
-        extra = set(msg) - {"role", "content", "name", "weight"}
-        if extra:
-            problems.append(f"messages[{i}] has unsupported keys {sorted(extra)}")
-        if role == "assistant":
+        problems.extend(_check_message(i, msg, names, parallel, called))
+        if msg.get("role") == "assistant":
             has_assistant = True
     if not problems and not has_assistant:
         problems.append("the conversation needs at least one assistant message to learn from")

@@ -23,11 +23,43 @@ GEMMA_WINDOW = 16  # gemma2's and gemma3's default window on their local layers,
 
 # Loss is computed on what the assistant says, so the template marks it with {% generation %} for
 # `return_assistant_tokens_mask`; every turn ends with </s> so generation stops where training did.
+# Tools render as Qwen2.5 / Hermes do (the system turn lists them as JSON in <tools>, the assistant
+# calls them as <tool_call> JSON, results come back in a tool turn as <tool_response>), so a Hermes
+# tool-call parser reads what this model is trained to say. Without tools, nothing of this renders.
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call>"
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{%- if tools %}"
+    "{{ '<|system|>\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{ " + repr(TOOLS_PREAMBLE) + " }}"  # repr: a Jinja string literal, escapes and all
+    "{%- for tool in tools %}{{ '\n' + (tool | tojson) }}{%- endfor %}"
+    "{{ " + repr(TOOLS_POSTAMBLE) + " + eos_token + '\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{{ '\n' }}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"  # already in the tools turn
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n' }}{% generation %}"
+    "{%- if message['content'] %}{{ message['content'] }}{%- endif %}"
+    "{%- if message['tool_calls'] %}{%- for tool_call in message['tool_calls'] %}"
+    "{%- if message['content'] or not loop.first %}{{ '\n' }}{%- endif %}"
+    "{%- set call = tool_call['function'] if tool_call['function'] is defined else tool_call %}"
+    "{{ '<tool_call>\n{\"name\": ' + (call['name'] | tojson) + ', \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{ call['arguments'] }}"  # as OpenAI sends them
+    "{%- else %}{{ call['arguments'] | tojson }}{%- endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{%- endfor %}{%- endif %}"
+    "{{ eos_token }}{% endgeneration %}{{ '\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{ '<|tool|>\n<tool_response>\n' + message['content'] + '\n</tool_response>' + eos_token + '\n' }}"
     "{%- else %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
     "{%- endif %}"

@@ -1,13 +1,15 @@
 """Turn one validated example into token ids and labels, with loss only where the model should learn.
 
-Chat: the model's own chat template renders the conversation; only assistant turns (and the end-of-turn
-token after each, so generation stops there) carry labels. Prompt/completion: the prompt is tokenized
+Chat: the model's own chat template renders the conversation, with the example's tools if it has any;
+only assistant turns (tool calls included, and the end-of-turn token after each, so generation stops
+there) carry labels. Prompt/completion: the prompt is tokenized
 exactly as an inference request would be, the completion follows with EOS appended, and only the
 completion carries labels.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,13 +48,42 @@ def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validated OpenAI messages as chat templates take them: tool-call ``arguments`` parsed into objects.
+
+    Qwen2.5, Llama 3.1 and Hermes templates write arguments with ``tojson``, which would quote a string
+    again; a tool result also carries the called function's ``name``, which some templates print.
+    """
+    out: list[dict[str, Any]] = []
+    called: dict[str, str] = {}
+    for m in messages:
+        message: dict[str, Any] = {"role": m["role"], "content": m.get("content")}
+        if m.get("tool_calls"):
+            if message["content"] is None:
+                del message["content"]  # as transformers' tool-use docs write a call without text
+            message["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+                }
+                for c in m["tool_calls"]
+            ]
+            called.update((c["id"], c["function"]["name"]) for c in m["tool_calls"])
+        if m["role"] == "tool":
+            message["tool_call_id"] = m["tool_call_id"]
+            message["name"] = called.get(m["tool_call_id"], "")
+        out.append(message)
+    return out
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
     out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
     return list(out["input_ids"])
 
 
 def _spans_by_prefix(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], full: list[int]
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], full: list[int], tools: list[Any] | None
 ) -> list[tuple[int, int]]:
     """Assistant spans for templates without ``{% generation %}`` markers, found by rendering prefixes.
 
@@ -63,8 +94,8 @@ def _spans_by_prefix(
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = _render(tokenizer, messages[: i + 1])
+        before = _render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+        upto = _render(tokenizer, messages[: i + 1], tools=tools)
         if upto[: len(before)] != before or full[: len(upto)] != upto:
             raise ValueError(
                 "the base model's chat template renders a conversation differently from its prefixes, so "
@@ -74,15 +105,19 @@ def _spans_by_prefix(
     return spans
 
 
-def tokenize_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> TokenizedExample:
-    """Render ``messages`` with the chat template; labels on assistant turns whose ``weight`` is not 0."""
-    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
-    encoded = tokenizer.apply_chat_template(plain, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+def tokenize_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[Any] | None = None
+) -> TokenizedExample:
+    """Render ``messages`` and ``tools`` with the chat template; labels on assistant turns whose ``weight`` isn't 0."""
+    plain = template_messages(messages)
+    encoded = tokenizer.apply_chat_template(
+        plain, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     input_ids = list(encoded["input_ids"])
     assistant = [m for m in messages if m["role"] == "assistant"]
     spans = _runs(encoded.get("assistant_masks") or [])
     if len(spans) != len(assistant):
-        spans = _spans_by_prefix(tokenizer, plain, input_ids)
+        spans = _spans_by_prefix(tokenizer, plain, input_ids, tools)
     labels = [IGNORE_INDEX] * len(input_ids)
     for (start, end), message in zip(spans, assistant, strict=True):
         if message.get("weight", 1) != 0:
@@ -102,7 +137,7 @@ def tokenize_prompt_completion(tokenizer: PreTrainedTokenizerBase, prompt: str, 
 def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: dict[str, Any], fmt: str) -> TokenizedExample:
     """Tokenize one validated example of format ``fmt`` (``CHAT`` or ``PROMPT_COMPLETION``)."""
     if fmt == CHAT:
-        return tokenize_chat(tokenizer, example["messages"])
+        return tokenize_chat(tokenizer, example["messages"], example.get("tools"))
     if fmt == PROMPT_COMPLETION:
         return tokenize_prompt_completion(tokenizer, example["prompt"], example["completion"])
     raise ValueError(f"unknown dataset format {fmt!r}")

@@ -19,3 +19,30 @@ def chat_jsonl(examples: int = 12) -> bytes:
         for i in range(examples)
     ]
     return ("\n".join(lines) + "\n").encode()
+
+
+def tool_chat_jsonl(examples: int = 12) -> bytes:
+    """A valid chat-format training file in OpenAI's function-calling format: a call, its result, the answer."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    }
+    lines = []
+    for i in range(examples):
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "add", "arguments": json.dumps({"a": i, "b": i})},
+        }
+        messages = [
+            {"role": "user", "content": f"What is {i} plus {i}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"{2 * i}"},
+            {"role": "assistant", "content": f"{2 * i}"},
+        ]
+        lines.append(json.dumps({"tools": [tool], "parallel_tool_calls": False, "messages": messages}))
+    return ("\n".join(lines) + "\n").encode()

@@ -13,7 +13,7 @@ import pytest
 from core.settings import Settings
 from core.storage import open_store
 from tests.integration.api.conftest import TEST_MAX_UPLOAD_BYTES, TenantHandle
-from tests.integration.api.datasets import chat_jsonl
+from tests.integration.api.datasets import chat_jsonl, tool_chat_jsonl
 
 
 def stored_objects(settings: Settings, tenant: TenantHandle) -> list[str]:
@@ -75,6 +75,25 @@ def test_invalid_lines_are_listed_by_number_and_nothing_is_stored(tenant: Tenant
     assert "line 4: messages[0].role must be one of" in error["message"]
     assert list(client.files.list()) == []
     assert stored_objects(api_settings, tenant) == []
+
+
+def test_tool_calling_files_are_accepted_and_their_bad_fields_named(tenant: TenantHandle) -> None:
+    client = tenant.openai()
+    data = tool_chat_jsonl(12)
+
+    uploaded = client.files.create(file=("tools.jsonl", data), purpose="fine-tune")
+
+    assert uploaded.model_extra is not None and uploaded.model_extra["num_examples"] == 12
+    lines = data.decode().splitlines()
+    lines[2] = lines[2].replace('"name": "add", "arguments"', '"name": "sub", "arguments"')
+    lines[5] = lines[5].replace('"tool_call_id": "call_5"', '"tool_call_id": "call_9"')
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.files.create(file=("bad.jsonl", "\n".join(lines).encode()), purpose="fine-tune")
+    assert isinstance(caught.value.body, dict)
+    message = caught.value.body["message"]
+    assert "line 3: messages[1].tool_calls[0].function.name 'sub' is not one of the example's tools" in message
+    assert "line 6: messages[2].tool_call_id 'call_9' matches no earlier assistant tool call" in message
+    assert [f.id for f in client.files.list()] == [uploaded.id]
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,58 @@ def test_chat_template_marks_assistant_text(tiny_model_dir: Path) -> None:
     assert prompt.endswith("<|assistant|>\n")
 
 
+def test_conversations_without_tools_render_as_before_tools_were_supported(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Sky?"},
+        {"role": "assistant", "content": "Blue"},
+        {"role": "user", "content": "Grass?"},
+    ]
+
+    # The bytes every adapter trained so far saw: a change here would retrain them all.
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+        "<s><|system|>\nAnswer in one word.</s>\n<|user|>\nSky?</s>\n<|assistant|>\nBlue</s>\n"
+        "<|user|>\nGrass?</s>\n<|assistant|>\n"
+    )
+    assert tok.apply_chat_template(messages[:3], tokenize=False, tools=[]) == tok.apply_chat_template(
+        messages[:3], tokenize=False
+    )
+
+
+def test_tools_render_as_hermes_does(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    calls = [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+        {"id": "b", "type": "function", "function": {"name": "f", "arguments": '{"x": 2}'}},  # a string as is
+    ]
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "Calling.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "a", "content": "one"},
+    ]
+
+    text = tok.apply_chat_template(messages, tools=[tool], tokenize=False, add_generation_prompt=True)
+
+    assert text == (
+        "<s><|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}\n'
+        "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call></s>\n'
+        "<|user|>\ngo</s>\n"
+        '<|assistant|>\nCalling.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call></s>\n'
+        "<|tool|>\n<tool_response>\none\n</tool_response></s>\n<|assistant|>\n"
+    )
+
+
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
 def test_each_family_loads_as_its_transformers_class_with_every_weight(tmp_path: Path, family: str) -> None:
     from transformers import AutoModelForCausalLM

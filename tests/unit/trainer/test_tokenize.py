@@ -55,3 +55,50 @@ def test_templates_without_generation_markers_still_mask_by_turn(tokenizer) -> N
 
     # Found by rendering prefixes, each turn runs to where the next one starts: the newline after EOS too.
     assert learned_text(tokenizer, example) == "Blue</s>\nGreen</s>\n"
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    {"role": "assistant", "content": "18C."},
+]
+# What the model learns to say when it calls a tool: Hermes' <tool_call> JSON, arguments as an object.
+LEARNED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call></s>'
+
+
+def test_tool_calls_are_learned_and_tool_results_and_the_tools_block_are_not(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    example = tokenize_chat(tokenizer, TOOL_CONVERSATION, [WEATHER_TOOL])
+
+    assert learned_text(tokenizer, example) == LEARNED_CALL + "18C.</s>"
+    rendered = tokenizer.decode(example.input_ids)
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in rendered
+    assert "<|tool|>\n<tool_response>\n18C\n</tool_response></s>" in rendered
+    assert rendered.count("Be brief.") == 1  # the system prompt heads the tools turn, once
+
+
+def test_a_tool_call_turn_with_weight_zero_is_not_learned(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    messages = [dict(m) for m in TOOL_CONVERSATION]
+    messages[2]["weight"] = 0
+
+    assert learned_text(tokenizer, tokenize_chat(tokenizer, messages, [WEATHER_TOOL])) == "18C.</s>"
+
+
+def test_tool_turns_are_found_by_prefix_without_generation_markers(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    try:
+        example = tokenize_chat(tokenizer, TOOL_CONVERSATION, [WEATHER_TOOL])
+    finally:
+        tokenizer.chat_template = CHAT_TEMPLATE
+
+    assert learned_text(tokenizer, example) == LEARNED_CALL + "\n18C.</s>\n"

@@ -111,6 +111,47 @@ def test_the_train_command_writes_an_adapter_and_names_bad_lines(tiny_model_dir:
     assert "line 5: 'prompt' must be a non-empty string" in " ".join(bad.output.split())
 
 
+def write_tool_rows(path: Path, n: int) -> Path:
+    """OpenAI function-calling examples: the assistant calls a tool, reads its result, then answers."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look an item up",
+            "parameters": {"type": "object", "properties": {"item": {"type": "integer"}}, "required": ["item"]},
+        },
+    }
+    rows = []
+    for i in range(n):
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"item": i})},
+        }
+        messages = [
+            {"role": "user", "content": f"What is item {i}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": str(i * 7)},
+            {"role": "assistant", "content": f"Item {i} is {i * 7}."},
+        ]
+        rows.append({"tools": [tool], "messages": messages})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_an_adapter_trains_on_tool_calls(tiny_model_dir: Path, tmp_path: Path) -> None:
+    base = request(tiny_model_dir, tmp_path, "tools", n_epochs=3, lora_r=4)
+    data = write_tool_rows(tmp_path / "tools.jsonl", 12)
+    seen: list[Progress] = []
+
+    result = train_adapter(TrainingRequest(**{**base.__dict__, "training_file": data}), on_progress=seen.append)
+
+    losses = [p.loss for p in seen if p.loss is not None]
+    assert result.steps == 9 and len(losses) == 9
+    assert losses[-1] < losses[0]  # it learns the calls and answers
+    verify_adapter_dir(result.output_dir)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_adapter_of_each_family_trains_fits_and_serves_as_peft_does(tmp_path: Path, family: str) -> None:
     """A few steps on the family's tiny model; the adapter fits its base, and the engine's greedy tokens with it
