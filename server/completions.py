@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -24,8 +25,10 @@ from server.engine_loop import ClientGone
 from server.openai_params import chat_prompt, completion_prompt, sampling_params
 from server.openai_render import Kind, Renderer, TokenText
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from server.openai_tools import ToolUse, tool_use
 from server.runtime import ServerRuntime
 from server.tickets import Ticket
+from server.tool_parsers import parser_for_template
 
 CLIENT_CLOSED = 499
 
@@ -36,12 +39,16 @@ class CompletionService:
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
         self.token_text = TokenText(runtime.engine.tokenizer)
+        # The tool-call format is the chat template's: read once, from the markers the template writes.
+        self.tool_parser = parser_for_template(getattr(runtime.engine.tokenizer, "chat_template", None))
 
     async def completion(self, request: Request, body: CompletionRequest) -> Response:
         return await self._serve(request, body, "completion", completion_prompt)
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
-        return await self._serve(request, body, "chat", chat_prompt)
+        tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, self.tool_parser)
+        prompt_of = partial(chat_prompt, tools=tools.tools if tools else None)
+        return await self._serve(request, body, "chat", prompt_of, tools)
 
     def resolve_adapter(self, body: GenerationRequest) -> KnownAdapter | None:
         """The adapter ``model`` names; a descriptor in the body registers (or refreshes) it first."""
@@ -60,13 +67,15 @@ class CompletionService:
         body: GenerationRequest,
         kind: Kind,
         prompt_of: Callable[..., list[int]],
+        tools: ToolUse | None = None,
     ) -> Response:
         arrival = time.monotonic()
         runtime = self.runtime
         engine = runtime.engine
         adapter = self.resolve_adapter(body)
         prompt = await asyncio.to_thread(prompt_of, body, engine)  # tokenizing long prompts would stall the loop
-        params = sampling_params(body, len(prompt), engine.max_model_len, runtime.config.max_n)
+        grammar = tools.grammar() if tools else None
+        params = sampling_params(body, len(prompt), engine.max_model_len, runtime.config.max_n, grammar)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         ticket = Ticket.create(f"{prefix}-{uuid.uuid4().hex}", adapter, prompt, params, arrival)
         headers = {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER) or ticket.request_id}
@@ -86,6 +95,7 @@ class CompletionService:
             self.token_text,
             return_token_ids=body.return_token_ids,
             include_usage=body.include_usage,
+            tools=tools if tools and tools.parses else None,
         )
         if body.stream:
             events = self._events(ticket, renderer)

@@ -5,6 +5,7 @@ Everything a client can get wrong is caught here, before the request queues, wit
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from core.errors import InvalidRequest
@@ -39,8 +40,9 @@ def completion_prompt(body: CompletionRequest, engine: LLMEngine) -> list[int]:
     raise InvalidRequest("prompt is required: a string or a list of token ids", param="prompt")
 
 
-def chat_messages(raw: Any) -> list[dict[str, str]]:
-    """``messages`` as ``[{"role", "content"}]`` with text content, or a 400 saying which message is wrong."""
+def chat_messages(raw: Any) -> list[dict[str, Any]]:
+    """``messages`` as ``[{"role", "content"}]`` with text content (plus an assistant's ``tool_calls``, arguments
+    as objects as chat templates expect, and a tool result's ``tool_call_id``), or a 400 saying which is wrong."""
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects", param="messages")
     messages = []
@@ -51,8 +53,51 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise InvalidRequest(f"{where}.role must be one of {', '.join(CHAT_ROLES)}", param=f"{where}.role")
-        messages.append({"role": role, "content": _text_content(message.get("content"), role, f"{where}.content")})
+        converted: dict[str, Any] = {
+            "role": role,
+            "content": _text_content(message.get("content"), role, f"{where}.content"),
+        }
+        if role == "assistant" and message.get("tool_calls"):
+            converted["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise InvalidRequest(f"{where}.tool_call_id must name the call answered", param=f"{where}.tool_call_id")
+            converted["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            converted["name"] = message["name"]
+        messages.append(converted)
     return messages
+
+
+def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise InvalidRequest(
+            f"{where} must be a list of {{id, type: function, function: {{name, arguments}}}}", param=where
+        )
+    calls = []
+    for j, call in enumerate(raw):
+        here = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"{here} must be {{id, type: function, function: {{name, arguments}}}}", param=here)
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                raise InvalidRequest(
+                    f"{here}.function.arguments must be a JSON object (as text)", param=f"{here}.function.arguments"
+                ) from None
+        if not isinstance(arguments, dict):
+            raise InvalidRequest(f"{here}.function.arguments must be a JSON object", param=f"{here}.function.arguments")
+        calls.append(
+            {
+                "id": str(call.get("id", "")),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return calls
 
 
 def _text_content(content: Any, role: str, where: str) -> str:
@@ -70,14 +115,16 @@ def _text_content(content: Any, role: str, where: str) -> str:
     raise InvalidRequest(f"{where} must be a string or a list of text parts", param=where)
 
 
-def chat_prompt(body: ChatCompletionRequest, engine: LLMEngine) -> list[int]:
-    """Token ids of the conversation rendered with the tokenizer's chat template."""
+def chat_prompt(body: ChatCompletionRequest, engine: LLMEngine, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of the conversation rendered with the tokenizer's chat template (``tools`` checked ones)."""
     messages = chat_messages(body.messages)
     tokenizer = engine.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=body.add_generation_prompt, tokenize=False
+        )
     except Exception as exc:  # jinja raises whatever the template author chose
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", param="messages") from None
     ids = list(tokenizer(text, add_special_tokens=False).input_ids)
@@ -95,16 +142,20 @@ def refuse_unsupported(body: GenerationRequest) -> None:
             raise InvalidRequest("suffix is not supported by this server", param="suffix")
         if body.best_of is not None and body.best_of != body.n:
             raise InvalidRequest("best_of is not supported; ask for n completions instead", param="best_of")
-    if isinstance(body, ChatCompletionRequest):
-        if body.tools:
-            raise InvalidRequest("tools are not supported by this server", param="tools")
-        if body.top_logprobs is not None and not body.logprobs:
-            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
 
 
-def sampling_params(body: GenerationRequest, prompt_len: int, max_model_len: int, max_n: int) -> SamplingParams:
-    """The engine's parameters, with the context limit checked against prompt length and max_tokens."""
+def sampling_params(
+    body: GenerationRequest, prompt_len: int, max_model_len: int, max_n: int, grammar: str | None = None
+) -> SamplingParams:
+    """The engine's parameters, with the context limit checked against prompt length and max_tokens; ``grammar``
+    (Lark) forces a tool call."""
     refuse_unsupported(body)
+    if grammar is not None and body.response_format is not None and response_schema(body.response_format):
+        raise InvalidRequest(
+            "response_format cannot be combined with a tool_choice that forces a call", param="response_format"
+        )
     if body.n > max_n:
         raise InvalidRequest(f"n is {body.n}; this server generates at most {max_n} completions", param="n")
     if prompt_len >= max_model_len:
@@ -140,6 +191,7 @@ def sampling_params(body: GenerationRequest, prompt_len: int, max_model_len: int
         logprobs=logprobs,
         skip_special_tokens=body.skip_special_tokens,
         json_schema=response_schema(body.response_format),
+        grammar=grammar,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,

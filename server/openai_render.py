@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.protocol import STATS_FIELD, RequestStats
 from server.engine import CompletionOutput, RequestOutput, TokenLogprob
+from server.tool_parsers.streaming import ToolCallStream
+
+if TYPE_CHECKING:
+    from server.openai_tools import ToolUse
 
 Kind = Literal["completion", "chat"]
 
@@ -42,8 +46,10 @@ class Renderer:
     token_text: TokenText
     return_token_ids: bool = False
     include_usage: bool = False
+    tools: ToolUse | None = None  # chat with tools whose calls are parsed out of the text
     created: int = field(default_factory=lambda: int(time.time()))
     _text_offsets: dict[int, int] = field(default_factory=dict)
+    _tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
 
     # ----- whole responses -------------------------------------------------------------------------
 
@@ -54,7 +60,7 @@ class Renderer:
             choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason}
             text, logprobs = c.text or "", c.logprobs
             if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = self._message(text, choice)
                 choice["logprobs"] = self._chat_logprobs(logprobs)
             else:
                 choice["text"] = text
@@ -75,6 +81,36 @@ class Renderer:
         if stats is not None:
             body[STATS_FIELD] = stats.model_dump()
         return body
+
+    def _message(self, text: str, choice: dict[str, Any]) -> dict[str, Any]:
+        """The assistant message; with tools, calls are parsed out of ``text`` and the choice finishes with them."""
+        if self.tools is None or self.tools.parser is None:
+            return {"role": "assistant", "content": text}
+        parsed = self.tools.parser.parse(text)
+        calls = parsed.calls if self.tools.parallel else parsed.calls[:1]
+        if not calls:
+            return {"role": "assistant", "content": text}
+        if choice["finish_reason"] == "stop":
+            choice["finish_reason"] = "tool_calls"
+        content = (parsed.content or "").strip() or None
+        return {"role": "assistant", "content": content, "tool_calls": [call.to_dict() for call in calls]}
+
+    def _chat_delta(self, c: CompletionOutput, choice: dict[str, Any]) -> dict[str, Any]:
+        """A chat choice's delta; with tools, call markup is held back and sent as ``tool_calls`` deltas."""
+        if self.tools is None or self.tools.parser is None:
+            return {"content": c.new_text} if c.new_text or not c.finished else {}
+        stream = self._tool_streams.get(c.index)
+        if stream is None:
+            stream = self._tool_streams[c.index] = ToolCallStream(self.tools.parser, self.tools.parallel)
+        content, calls = stream.add(c.new_text or "", c.finished)
+        delta: dict[str, Any] = {}
+        if content or not (calls or c.finished):
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        if c.finished and stream.called and choice["finish_reason"] == "stop":
+            choice["finish_reason"] = "tool_calls"
+        return delta
 
     # ----- streams ---------------------------------------------------------------------------------
 
@@ -100,7 +136,7 @@ class Renderer:
                 continue
             choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason}
             if self.kind == "chat":
-                choice["delta"] = {"content": c.new_text} if c.new_text or not c.finished else {}
+                choice["delta"] = self._chat_delta(c, choice)
                 choice["logprobs"] = self._chat_logprobs(c.new_logprobs) if c.new_logprobs else None
             else:
                 choice["text"] = c.new_text

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible routes (plus the vLLM extensions and the platform's adapter field).
 
 Nothing is silently dropped: an unknown field is a 400 naming it, and fields we cannot honour exactly (echo,
-suffix, tools) are refused likewise. The only exceptions are ``IGNORED_FIELDS``, which OpenAI clients send and
+suffix) are refused likewise. The only exceptions are ``IGNORED_FIELDS``, which OpenAI clients send and
 which change nothing about the tokens generated here (docs/serving.md lists them).
 """
 
@@ -16,7 +16,7 @@ from core.protocol import ADAPTER_FIELD
 from server.engine.sampling_params import MAX_LOGPROBS
 
 # Accepted and ignored: bookkeeping and routing hints of OpenAI's own platform. ``parallel_tool_calls`` is here
-# because tools are refused: without tools it means nothing.
+# because without tools (completions, or a chat request without them) it means nothing.
 IGNORED_FIELDS = (
     "user", "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"
 )  # fmt: skip
@@ -88,7 +88,8 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
+    tools: Any = None  # checked by hand (openai_tools.tool_use), like tool_choice and parallel_tool_calls
+    tool_choice: Any = None
     add_generation_prompt: bool = True  # vLLM extension
 
 

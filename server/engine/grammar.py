@@ -63,31 +63,32 @@ class GrammarCache:
                 ) from None
         return self._tokenizer
 
-    def matcher(self, schema: str) -> LLMatcher:
-        """A fresh matcher for ``schema`` (canonical text); a 400 naming what the grammar engine cannot enforce."""
-        template = self._compiled.get(schema)
+    def matcher(self, schema: str, *, lark: bool = False) -> LLMatcher:
+        """A fresh matcher for ``schema`` (canonical text; a Lark grammar if ``lark``: forced tool calls); a 400
+        naming what the grammar engine cannot enforce."""
+        key = f"lark:{schema}" if lark else schema  # a JSON schema's text starts with "{"
+        template = self._compiled.get(key)
         if template is None:
-            template = self._compile(schema)
-            self._compiled[schema] = template
+            template = self._compile(schema, lark)
+            self._compiled[key] = template
             while len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         else:
-            self._compiled.move_to_end(schema)
+            self._compiled.move_to_end(key)
         return template.deep_copy()
 
-    def _compile(self, schema: str) -> LLMatcher:
+    def _compile(self, schema: str, lark: bool = False) -> LLMatcher:
+        param, what = ("tools", "the tools' parameters schemas") if lark else ("response_format", "this JSON schema")
         try:
-            grammar = LLMatcher.grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
+            grammar = schema if lark else LLMatcher.grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
         except ValueError as exc:
-            raise InvalidRequest(
-                f"response_format: the JSON schema is not valid: {exc}", param="response_format"
-            ) from None
+            raise InvalidRequest(f"{param}: the JSON schema is not valid: {exc}", param=param) from None
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequest(
-                f"response_format: this JSON schema cannot be enforced: {_one_line(matcher.get_error())}; "
+                f"{param}: {what} cannot be enforced: {_one_line(matcher.get_error())}; "
                 "remove or rewrite that part of the schema",
-                param="response_format",
+                param=param,
             )
         self.compilations += 1
         return matcher

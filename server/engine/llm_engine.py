@@ -99,7 +99,11 @@ class LLMEngine:
         if request_id in self._requests:
             raise DuplicateRequest(f"request id {request_id!r} is already in use", param="request_id")
         # Compiled (or found in the cache) before anything is held: an unsupported schema is a 400 here.
-        matchers = [self.grammars.matcher(params.json_schema) for _ in range(params.n)] if params.json_schema else []
+        if params.json_schema or params.grammar:
+            source, lark = (params.grammar, True) if params.grammar else (params.json_schema, False)
+            matchers = [self.grammars.matcher(source, lark=lark) for _ in range(params.n)]
+        else:
+            matchers = []
         slot = self.adapters.acquire(adapter).slot if adapter is not None else NO_ADAPTER
         request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
         self._requests[request_id] = request

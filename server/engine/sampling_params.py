@@ -31,6 +31,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     detokenize: bool = True
     json_schema: str | None = None  # structured outputs: canonical JSON-schema text every completion must match
+    grammar: str | None = None  # a Lark grammar (llguidance's dialect) every completion must match: forced tool calls
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +63,7 @@ class SamplingParams:
                 f"logprobs must be between 0 and {MAX_LOGPROBS}",
             ),
             (self.detokenize or not self.stop, "stop", "stop strings need detokenize=True"),
+            (not (self.json_schema and self.grammar), "response_format", "response_format cannot add to a grammar"),
         ]
         for ok, param, message in checks:
             if not ok:

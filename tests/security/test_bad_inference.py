@@ -91,9 +91,9 @@ BAD_REQUESTS: dict[str, tuple[str, dict[str, Any] | bytes, Refusal]] = {
     ),
     "model-missing": (COMPLETIONS, {"model": None, "prompt": "hi"}, Refusal(400, "valid string", "model")),
     "unsupported-option": (
-        CHAT,
-        {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        Refusal(400, "tools are not supported", "tools"),
+        COMPLETIONS,
+        {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
+        Refusal(400, "unknown field", "tools"),
     ),
 }
 

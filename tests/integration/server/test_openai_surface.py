@@ -454,3 +454,159 @@ def test_unsupported_schema_features_are_a_400_naming_them(server, base_name):
         )  # fmt: skip
     error = info.value.body.get("error", info.value.body)
     assert info.value.status_code == 400 and error["param"] == "response_format" and "uniqueItems" in error["message"]
+
+
+# ----- tool calling ----------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOL_QUESTION = [{"role": "user", "content": "Weather in Oslo?"}]
+TOOL_MODEL_LEN = 2048  # the template's tool preamble alone is ~400 byte tokens
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_model_dir: Path, s3_store: S3ObjectStore) -> Iterator[ServerUnderTest]:
+    yield from served(server_config(tiny_model_dir, max_model_len=TOOL_MODEL_LEN), s3_store)
+
+
+TOOL_ARGS = {"tools": [WEATHER_TOOL, CLOCK_TOOL], "temperature": 0, "max_tokens": 200, "parallel_tool_calls": False}
+
+
+def streamed_message(client, **kwargs) -> tuple[str | None, list[dict], str]:
+    """A streamed chat completion put back together: content, tool calls (merged by index), finish reason."""
+    content, calls, finish = [], {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                call["name"] += (delta.function.name or "") if delta.function else ""
+                call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+            finish = choice.finish_reason or finish
+    return "".join(content) or None, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_round_trip_call_then_result_then_answer(tool_server, base_name, stream):
+    client = tool_server.client()
+    args = {"model": base_name, **TOOL_ARGS, "tool_choice": "required"}
+    if stream:
+        content, calls, finish = streamed_message(client, messages=TOOL_QUESTION, **args)
+    else:
+        out = client.chat.completions.create(messages=TOOL_QUESTION, **args)
+        message, finish = out.choices[0].message, out.choices[0].finish_reason
+        content = message.content
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
+    # The random model writes what the grammar lets it: one call to a listed function with valid arguments.
+    assert finish == "tool_calls" and content is None and len(calls) == 1
+    call = calls[0]
+    assert call["id"].startswith("call_") and call["name"] in ("get_weather", "get_time")
+    arguments = json.loads(call["arguments"])
+    assert isinstance(arguments, dict) and (call["name"] != "get_weather" or isinstance(arguments["city"], str))
+
+    history = [
+        *TOOL_QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+        ]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 21 C"},
+    ]  # fmt: skip
+    answer = {"model": base_name, **TOOL_ARGS, "tool_choice": "none", "max_tokens": 8}
+    if stream:
+        content, calls, finish = streamed_message(client, messages=history, **answer)
+    else:
+        out = client.chat.completions.create(messages=history, **answer)
+        content, calls, finish = out.choices[0].message.content, out.choices[0].message.tool_calls or [], None
+    assert calls == [] and isinstance(content, str)
+
+
+def test_named_tool_choice_forces_that_function(tool_server, base_name):
+    client = tool_server.client()
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    out = client.chat.completions.create(model=base_name, messages=TOOL_QUESTION, **TOOL_ARGS, tool_choice=choice)
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    assert out.choices[0].finish_reason == "tool_calls"
+
+
+def test_the_template_renders_tools_and_calls_into_the_prompt(tool_server, base_name, tokenizer):
+    history = [
+        *TOOL_QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+    ]  # fmt: skip
+    out = tool_server.client().chat.completions.create(
+        model=base_name, messages=history, tools=[WEATHER_TOOL], max_tokens=1, extra_body={"return_token_ids": True}
+    )
+    prompt = tokenizer.decode(out.prompt_token_ids)
+    assert '"name": "get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in prompt
+    assert "<tools>" in prompt and "Sunny" in prompt
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "letters"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}
+                ]
+            },
+            "tools[0].function.parameters",
+            "not a valid JSON schema",
+        ),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice",
+            "not in tools",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": [WEATHER_TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+            "forces a call",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "call"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}
+                        ],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+            "JSON",
+        ),
+    ],
+)
+def test_bad_tool_fields_are_400s_naming_them(tool_server, base_name, extra, param, words):
+    with tool_server.http() as http:
+        response = http.post("/v1/chat/completions", json={"model": base_name, "messages": MESSAGES, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    with tool_server.http() as http:
+        refused = http.post("/v1/completions", json={"model": base_name, "prompt": PROMPT, "tools": [WEATHER_TOOL]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"

@@ -61,7 +61,6 @@ def test_the_context_limit_is_checked_against_prompt_and_max_tokens():
         (completion(echo=True), "echo"),
         (completion(suffix="!"), "suffix"),
         (completion(best_of=3), "best_of"),
-        (chat(tools=[{"type": "function"}]), "tools"),
         (chat(response_format={"type": "xml"}), "response_format"),
         (completion(response_format={"type": "json_schema", "json_schema": {"schema": {}}}), "response_format"),
         (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": []}}), "response_format"),
