@@ -122,7 +122,7 @@ class Sampler:
         picked = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
         # u * total can round up to total: never step past the last token that has any probability (the first
         # place the running sum reaches the total).
-        last = torch.searchsorted(cdf, cdf[:, -1:])[:, 0]
+        last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())[:, 0]
         return torch.minimum(picked, last)
 
     def _uniforms(self, rows: list[SamplingRow]) -> torch.Tensor:
