@@ -542,6 +542,27 @@ def test_named_tool_choice_forces_that_function(tool_server, base_name):
     assert out.choices[0].finish_reason == "tool_calls"
 
 
+def test_streamed_call_comes_as_a_head_then_argument_fragments(tool_server, base_name):
+    """OpenAI's shape: the first delta carries id, type and name; the rest only ``function.arguments`` pieces,
+    which the SDK's own stream helper puts back together into the call."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    args = {"model": base_name, "messages": TOOL_QUESTION, **TOOL_ARGS, "tool_choice": choice}
+    deltas = []
+    with tool_server.client().chat.completions.stream(**args) as stream:
+        for event in stream:
+            if event.type == "chunk":
+                deltas += [d for c in event.chunk.choices for d in c.delta.tool_calls or []]
+        final = stream.get_final_completion()
+    head, *rest = deltas
+    assert head.index == 0 and head.id.startswith("call_") and head.type == "function"
+    assert head.function.name == "get_weather" and rest
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    (call,) = final.choices[0].message.tool_calls
+    fragments = (head.function.arguments or "") + "".join(d.function.arguments or "" for d in rest)
+    assert call.id == head.id and call.function.arguments == fragments
+    assert set(json.loads(fragments)) == {"city"} and final.choices[0].finish_reason == "tool_calls"
+
+
 def test_the_template_renders_tools_and_calls_into_the_prompt(tool_server, base_name, tokenizer):
     history = [
         *TOOL_QUESTION,

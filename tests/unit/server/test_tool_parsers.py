@@ -109,16 +109,80 @@ def stream_pieces(parser, text: str, size: int, parallel: bool = True):
     return contents, calls
 
 
+def merged(deltas) -> list[dict]:
+    """Tool-call deltas put back together by index, as the openai SDK does."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        call = calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
+        call["id"] += d.get("id", "")
+        call["name"] += d.get("function", {}).get("name", "")
+        call["arguments"] += d.get("function", {}).get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
+
+
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_stream_holds_markup_back_and_sends_calls_as_deltas(size):
     contents, calls = stream_pieces(HermesParser(), HERMES_TWO, size)
     assert "".join(contents) == "Let me check.\n"
     assert not any("<" in c for c in contents)
-    assert [c["index"] for c in calls] == [0, 1]
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == named(
-        HermesParser().parse(HERMES_TWO).calls
-    )
-    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    assert sorted({c["index"] for c in calls}) == [0, 1]
+    whole = merged(calls)
+    assert [(c["name"], json.loads(c["arguments"])) for c in whole] == named(HermesParser().parse(HERMES_TWO).calls)
+    assert all(c["id"].startswith("call_") for c in whole) and whole[0]["id"] != whole[1]["id"]
+
+
+HERMES_NESTED = (
+    '<tool_call>\n{"name": "add", "arguments": {"a": {"b": [1, "}\\"x"]}, "c": "{ ] <"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("text", [HERMES_TWO, HERMES_NESTED])
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_stream_sends_the_name_first_then_argument_fragments(text, size):
+    contents, deltas = stream_pieces(HermesParser(), text, size)
+    assert not any("<" in c or "{" in c for c in contents)
+    for index in (0, 1):
+        mine = [d for d in deltas if d["index"] == index]
+        # First the call's head: id, type, name, empty (or, sent whole at once, all) arguments.
+        assert set(mine[0]) == {"index", "id", "type", "function"} and mine[0]["type"] == "function"
+        assert mine[0]["id"].startswith("call_") and set(mine[0]["function"]) == {"name", "arguments"}
+        # Then only argument fragments, none empty.
+        assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in mine[1:])
+        assert all(d["function"]["arguments"] for d in mine[1:])
+        if size < 1000:
+            assert mine[0]["function"]["arguments"] == "" and len(mine) > 2
+    # Deltas of call 0 all come before call 1's.
+    assert [d["index"] for d in deltas] == sorted(d["index"] for d in deltas)
+    expected = HermesParser().parse(text).calls
+    assert [(c["name"], json.loads(c["arguments"])) for c in merged(deltas)] == named(expected)
+
+
+def test_stream_sends_argument_fragments_while_the_call_is_written():
+    stream = ToolCallStream(HermesParser())
+    _, deltas = stream.add('<tool_call>\n{"name": "get_we', False)
+    assert deltas == []
+    _, deltas = stream.add('ather", "argu', False)
+    assert [d["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""}]
+    _, deltas = stream.add('ments": {"city": "Os', False)
+    assert deltas == [{"index": 0, "function": {"arguments": '{"city": "Os'}}]
+    _, deltas = stream.add('lo"}}\n</tool', False)
+    assert deltas == [{"index": 0, "function": {"arguments": 'lo"}'}}]
+    content, deltas = stream.add("_call>", True)
+    assert content == "" and deltas == [] and stream.called
+
+
+def test_stream_arguments_written_as_a_string_are_sent_whole_at_the_end():
+    text = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
+    _, deltas = stream_pieces(HermesParser(), text, 2)
+    assert [(c["name"], json.loads(c["arguments"])) for c in merged(deltas)] == [("add", {"a": 1})]
+
+
+@pytest.mark.parametrize("size", [1, 5])
+def test_stream_unclosed_last_call_is_finished_at_the_end(size):
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}'
+    _, deltas = stream_pieces(HermesParser(), text, size)
+    assert [(c["name"], json.loads(c["arguments"])) for c in merged(deltas)] == [("add", {"a": 1})]
 
 
 def test_stream_sends_the_first_call_before_the_second_is_written():
@@ -146,7 +210,7 @@ def test_stream_releases_held_text_that_was_not_a_call(parser, text, size):
 
 def test_stream_without_parallel_calls_sends_only_the_first():
     _, calls = stream_pieces(HermesParser(), HERMES_TWO, 5, parallel=False)
-    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in merged(calls)] == [("get_weather", {"city": "Oslo"})]
 
 
 @pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
