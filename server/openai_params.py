@@ -84,7 +84,7 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # nesting deep enough to exhaust the parser's stack
                 raise InvalidRequest(
                     f"{here}.function.arguments must be a JSON object (as text)", param=f"{here}.function.arguments"
                 ) from None

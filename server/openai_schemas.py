@@ -2,7 +2,7 @@
 
 Nothing is silently dropped: an unknown field is a 400 naming it, and fields we cannot honour exactly (echo,
 suffix) are refused likewise. The only exceptions are ``IGNORED_FIELDS``, which OpenAI clients send and
-which change nothing about the tokens generated here (docs/serving.md lists them).
+which change nothing about the tokens generated here (docs/api.md lists them).
 """
 
 from __future__ import annotations

@@ -3,16 +3,15 @@ template renders and, for ``required`` or a named function, the grammar that for
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 
+from core.dataset_tools import FUNCTION_NAME
 from core.errors import InvalidRequest
 from server.tool_parsers import ToolParser
 
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -81,7 +80,7 @@ def _checked_tools(raw: Any) -> list[dict[str, Any]]:
             field = sorted(unknown)[0]
             raise InvalidRequest(f"{fwhere}: unknown field {field}", param=f"{fwhere}.{field}")
         name = function.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
             raise InvalidRequest(f"{fwhere}.name must be 1-64 letters, digits, _ or -", param=f"{fwhere}.name")
         if name in seen:
             raise InvalidRequest(f"{fwhere}.name: {name!r} is listed twice", param=f"{fwhere}.name")

@@ -121,6 +121,10 @@ def test_messages_are_normalised_to_text():
         ([{"content": "hi"}], "messages[0].role"),
         ([{"role": "user"}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}]}],
+            "messages[0].tool_calls[0].function.arguments",  # nested past the JSON parser's stack: still a 400
+        ),
     ],
 )
 def test_malformed_messages_name_the_culprit(messages, param):
