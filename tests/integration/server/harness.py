@@ -28,6 +28,9 @@ from tests.integration.api.live_server import LiveServer, serve
 T = TypeVar("T")
 TOKEN = "internal-" + uuid.uuid4().hex
 START_TIMEOUT_S = 120.0
+# For tests that count tokens: requests sample at temperature 1 by default, and a sampled end-of-sequence token
+# would cut an answer short.
+NO_EOS = {"ignore_eos": True}
 
 
 def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:

@@ -19,7 +19,7 @@ from core.protocol import ADAPTER_FIELD
 from core.storage import S3ObjectStore
 from tests.integration.api.peft_adapters import pickle_payload
 from tests.integration.server.adapters import Tensors, copy_adapter, edited, upload
-from tests.integration.server.harness import ServerUnderTest, served, server_config
+from tests.integration.server.harness import NO_EOS, ServerUnderTest, served, server_config
 
 MAX_RANK = 16
 A_KEY = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -92,8 +92,8 @@ def server(tiny_model_dir: Path, adapter_root: Path, s3_store: S3ObjectStore) ->
 def still_serving(server: ServerUnderTest, base_name: str) -> None:
     """The base model and a good adapter still answer, and the engine is ready."""
     client = server.client()
-    assert client.completions.create(model=base_name, prompt="ok", max_tokens=2).usage.completion_tokens == 2
-    assert client.completions.create(model="good", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+    assert client.completions.create(model=base_name, prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
+    assert client.completions.create(model="good", prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
     assert httpx.get(f"{server.url}/ready", headers=server.headers).status_code == 200
 
 

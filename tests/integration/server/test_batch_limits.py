@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.integration.server.adapters import copy_adapter, variant
-from tests.integration.server.harness import running, server_config, wait_until
+from tests.integration.server.harness import NO_EOS, running, server_config, wait_until
 
 
 def test_adapters_take_turns_for_the_one_seat(tiny_model_dir: Path, peft_dir: Path, tmp_path: Path):
@@ -36,7 +36,7 @@ def test_adapters_take_turns_for_the_one_seat(tiny_model_dir: Path, peft_dir: Pa
         done_at: dict[str, float] = {}
 
         def complete(name: str) -> int:
-            tokens = client.completions.create(model=name, prompt="hi", max_tokens=3).usage.completion_tokens
+            tokens = client.completions.create(model=name, prompt="hi", max_tokens=3, extra_body=NO_EOS).usage.completion_tokens
             done_at[name] = time.monotonic()
             return tokens
 
@@ -45,7 +45,7 @@ def test_adapters_take_turns_for_the_one_seat(tiny_model_dir: Path, peft_dir: Pa
             second = pool.submit(complete, "second")
             wait_until(lambda: waiting() == 1, "the second adapter to queue")
             # The base model is not held back.
-            base = client.completions.create(model=server.runtime.base_name, prompt="hi", max_tokens=3)
+            base = client.completions.create(model=server.runtime.base_name, prompt="hi", max_tokens=3, extra_body=NO_EOS)
             assert base.usage.completion_tokens == 3
             # The first adapter's turn is over while the second waits: its new request queues too.
             again = pool.submit(complete, "first")

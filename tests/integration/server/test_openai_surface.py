@@ -21,7 +21,7 @@ from core.descriptor import AdapterDescriptor
 from core.protocol import ADAPTER_FIELD, STATS_FIELD
 from core.storage import S3ObjectStore
 from tests.integration.server.adapters import copy_adapter, upload, variant
-from tests.integration.server.harness import ServerUnderTest, served, server_config
+from tests.integration.server.harness import NO_EOS, ServerUnderTest, served, server_config
 
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
@@ -165,7 +165,7 @@ def test_vllm_style_load_and_unload(server, stored, base_name):
         assert loaded.status_code == 200, loaded.text
         client = server.client()
         assert "float" in {m.id for m in client.models.list().data}  # a name that is also a Python builtin
-        assert client.completions.create(model="float", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+        assert client.completions.create(model="float", prompt=PROMPT, max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
         other = http.post("/v1/load_lora_adapter", json={"lora_name": "float", "lora_path": "local-a"})
         assert other.status_code == 409 and other.headers["x-should-retry"] == "false"
         assert http.post("/v1/unload_lora_adapter", json={"lora_name": "float"}).status_code == 200
@@ -237,7 +237,7 @@ def test_stop_strings_spanning_tokens_cut_the_text(server, base_name):
 def test_ignorable_openai_fields_are_accepted(server, base_name):
     client = server.client()
     ignorable = {"user": "u-1", "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
-                 "parallel_tool_calls": False, "safety_identifier": "s", "prompt_cache_key": "c"}  # fmt: skip
+                 "parallel_tool_calls": False, "safety_identifier": "s", "prompt_cache_key": "c", **NO_EOS}  # fmt: skip
     out = client.chat.completions.create(model=base_name, messages=MESSAGES, max_tokens=2, extra_body=ignorable)
     assert out.usage.completion_tokens == 2
     done = client.completions.create(model=base_name, prompt=PROMPT, max_tokens=2, user="u-1", extra_body=ignorable)
@@ -316,7 +316,7 @@ def test_malformed_bodies_are_400_and_the_sdk_raises_typed_errors(server, base_n
         client.completions.create(model=base_name, prompt=PROMPT, extra_body={ADAPTER_FIELD: stored.model_dump()})
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="missing", messages=MESSAGES)
-    assert client.completions.create(model=base_name, prompt=PROMPT, max_tokens=1).usage.completion_tokens == 1
+    assert client.completions.create(model=base_name, prompt=PROMPT, max_tokens=1, extra_body=NO_EOS).usage.completion_tokens == 1
 
 
 def test_metrics_expose_exactly_the_documented_names(server):
