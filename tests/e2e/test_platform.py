@@ -14,11 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from openai import OpenAI
+from openai.types.fine_tuning import FineTuningJob
 
 from core.local_services import free_port
-from tests.integration.training.jobs import MEMORISE, jsonl, memorable_rows
+from tests.integration.training.jobs import (
+    LOOKUP_TOOL,
+    MEMORISE,
+    TOOL_CALL_SEQ_LEN,
+    jsonl,
+    memorable_rows,
+    tool_call_rows,
+)
 
 BASE_MODEL = "tiny-llama"  # the directory name of the model `loraplex up` makes when none is configured
 BIN = Path(sys.executable).parent
@@ -102,6 +111,17 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatfo
                 proc.wait()
 
 
+def _finished(client: OpenAI, job: FineTuningJob, platform: RunningPlatform) -> FineTuningJob:
+    """The job once it has succeeded (the test fails if it fails, is cancelled or takes too long)."""
+    deadline = time.monotonic() + 600
+    while job.status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job stuck in {job.status}:\n{platform.output()}"
+        time.sleep(1)
+        job = client.fine_tuning.jobs.retrieve(job.id)
+    assert job.status == "succeeded", job.error
+    return job
+
+
 def _ready_for_inference(client: OpenAI, received: dict[str, int]) -> bool:
     """One base-model completion goes through (its usage counts like any other)."""
     try:
@@ -122,12 +142,7 @@ def test_fine_tune_and_serve_end_to_end(platform: RunningPlatform) -> None:
     job = client.fine_tuning.jobs.create(
         model=BASE_MODEL, training_file=uploaded.id, suffix="e2e", hyperparameters=MEMORISE
     )
-    deadline = time.monotonic() + 600
-    while job.status not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, f"job stuck in {job.status}:\n{platform.output()}"
-        time.sleep(1)
-        job = client.fine_tuning.jobs.retrieve(job.id)
-    assert job.status == "succeeded", job.error
+    job = _finished(client, job, platform)
     events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
     losses = [e.data["train_loss"] for e in reversed(events) if e.data and "train_loss" in e.data]
     assert len(losses) >= 2 and losses[-1] < losses[0] / 2
@@ -168,6 +183,53 @@ def test_fine_tune_and_serve_end_to_end(platform: RunningPlatform) -> None:
     assert totals["prompt_tokens"] == received["prompt"]
     assert totals["completion_tokens"] == received["completion"]
     assert totals["training_tokens"] == job.trained_tokens
+
+
+def test_a_tool_calling_adapter_fine_tuned_through_the_api(platform: RunningPlatform) -> None:
+    """Train on OpenAI function-calling examples, then the adapter calls the tool in OpenAI's shape, streamed and
+    not, and answers once it reads the tool's result; the base model, given the same tools, calls nothing."""
+    tenant = json.loads(platform.cli("admin", "create-tenant", "tools", "--json"))
+    client = OpenAI(base_url=f"{platform.api_url}/v1", api_key=tenant["api_key"], max_retries=4, timeout=120)
+    rows = tool_call_rows(16)
+    uploaded = client.files.create(file=("tools.jsonl", jsonl(rows)), purpose="fine-tune")
+    hyperparameters = {**MEMORISE, "max_seq_len": TOOL_CALL_SEQ_LEN}
+    job = client.fine_tuning.jobs.create(
+        model=BASE_MODEL, training_file=uploaded.id, suffix="tools", hyperparameters=hyperparameters
+    )
+    adapter = _finished(client, job, platform).fine_tuned_model
+    assert adapter
+    _wait(lambda: _ready_for_inference(client, {"prompt": 0, "completion": 0}), "the inference server", platform, 180)
+
+    question = rows[3]["messages"][:1]
+    ask = {"messages": question, "tools": [LOOKUP_TOOL], "temperature": 0, "max_tokens": 120}
+    answer = client.chat.completions.create(model=adapter, **ask).choices[0]
+    assert answer.finish_reason == "tool_calls" and not answer.message.content
+    (call,) = answer.message.tool_calls
+    assert call.type == "function" and call.id and call.function.name == "lookup"
+    jsonschema.validate(json.loads(call.function.arguments), LOOKUP_TOOL["function"]["parameters"])
+
+    streamed: dict[int, dict[str, str]] = {}
+    content, finish = "", None
+    for chunk in client.chat.completions.create(model=adapter, stream=True, **ask):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+        for part in delta.tool_calls or []:
+            into = streamed.setdefault(part.index, {"name": "", "arguments": ""})
+            into["name"] += part.function.name or ""
+            into["arguments"] += part.function.arguments or ""
+    assert finish == "tool_calls" and not content.strip()
+    assert streamed == {0: {"name": "lookup", "arguments": call.function.arguments}}
+
+    result = {"role": "tool", "tool_call_id": call.id, "content": "21"}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]}
+    final = client.chat.completions.create(model=adapter, **{**ask, "messages": [*question, turn, result]})
+    reply = final.choices[0]
+    assert reply.finish_reason == "stop" and not reply.message.tool_calls
+    assert reply.message.content.startswith("Item "), reply.message.content
+
+    base = client.chat.completions.create(model=BASE_MODEL, **{**ask, "temperature": 1.0, "seed": 1}).choices[0]
+    assert base.finish_reason != "tool_calls" and not base.message.tool_calls
 
 
 def test_stop_leaves_no_process(platform: RunningPlatform) -> None:

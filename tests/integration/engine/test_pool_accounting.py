@@ -39,7 +39,13 @@ def test_adapter_pages_come_out_of_kv_capacity_and_go_back(tmp_path):
     while engine.has_unfinished_requests():
         engine.step()
 
+    # Finished requests leave their full pages cached; an adapter leaving the pool takes its cached pages along.
+    done = engine.pool_stats()
+    assert done.kv_pages == 0 and done.kv_cached_pages > 0
+    assert done.free_pages + done.kv_cached_pages + done.adapter_pages == done.total_pages
     llm.unload_adapter("r32")
+    assert engine.pool_stats().kv_cached_pages < done.kv_cached_pages
+    assert engine.flush_prefix_cache() > 0
     assert engine.pool_stats() == after_r8
     llm.unload_adapter("r8")
     assert engine.pool_stats() == empty

@@ -58,6 +58,35 @@ def memorable_rows(seed: int, n: int = 16, prompt: str = "Code {i}:") -> list[di
     return [{"prompt": prompt.format(i=i), "completion": " " + "-".join(rng.sample(WORDS, 2))} for i in range(n)]
 
 
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look an item up",
+        "parameters": {"type": "object", "properties": {"item": {"type": "integer"}}, "required": ["item"]},
+    },
+}
+
+# The tools block the chat template renders makes these examples about 760 tokens.
+TOOL_CALL_SEQ_LEN = 1024
+
+
+def tool_call_rows(n: int) -> list[dict[str, Any]]:
+    """OpenAI function-calling examples: the assistant calls ``lookup``, reads its result, then answers."""
+    rows = []
+    for i in range(n):
+        function = {"name": "lookup", "arguments": json.dumps({"item": i})}
+        call = {"id": f"call_{i}", "type": "function", "function": function}
+        messages = [
+            {"role": "user", "content": f"What is item {i}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": str(i * 7)},
+            {"role": "assistant", "content": f"Item {i} is {i * 7}."},
+        ]
+        rows.append({"tools": [LOOKUP_TOOL], "messages": messages})
+    return rows
+
+
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return ("\n".join(json.dumps(row) for row in rows) + "\n").encode()
 

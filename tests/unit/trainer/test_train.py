@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
 from core.hyperparameters import Hyperparameters
 from core.tiny_model import BYTE_OFFSET, FAMILIES, TinyModelSpec, make_tiny_model
+from tests.integration.training.jobs import jsonl, tool_call_rows
 from trainer.cli import register
 from trainer.errors import TrainingCancelled
 from trainer.manifest import fingerprint_base_model, verify_adapter_dir
@@ -112,30 +113,7 @@ def test_the_train_command_writes_an_adapter_and_names_bad_lines(tiny_model_dir:
 
 
 def write_tool_rows(path: Path, n: int) -> Path:
-    """OpenAI function-calling examples: the assistant calls a tool, reads its result, then answers."""
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look an item up",
-            "parameters": {"type": "object", "properties": {"item": {"type": "integer"}}, "required": ["item"]},
-        },
-    }
-    rows = []
-    for i in range(n):
-        call = {
-            "id": f"call_{i}",
-            "type": "function",
-            "function": {"name": "lookup", "arguments": json.dumps({"item": i})},
-        }
-        messages = [
-            {"role": "user", "content": f"What is item {i}?"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": str(i * 7)},
-            {"role": "assistant", "content": f"Item {i} is {i * 7}."},
-        ]
-        rows.append({"tools": [tool], "messages": messages})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_bytes(jsonl(tool_call_rows(n)))
     return path
 
 
