@@ -52,6 +52,7 @@ class PoolPages(BaseModel):
     adapter: int
     free: int
     page_bytes: int
+    kv_cached: int = 0  # prefix-cache pages: evictable, so as good as free for new work
 
 
 class ReplicaStatus(BaseModel):

@@ -59,6 +59,13 @@ def register(app: typer.Typer) -> None:
             int,
             typer.Option(help="Engine steps a running adapter keeps starting requests while another waits for a seat."),
         ] = 64,
+        prefix_caching: Annotated[
+            bool,
+            typer.Option(
+                "--prefix-caching/--no-prefix-caching",
+                help="Reuse the KV pages of prompt prefixes seen before under the same adapter.",
+            ),
+        ] = True,
         max_waiting: Annotated[int, typer.Option(help="Queued requests before answering 429.")] = 256,
         max_n: Annotated[int, typer.Option(help="Largest n (completions per request).")] = 16,
         advertise_url: Annotated[
@@ -96,6 +103,7 @@ def register(app: typer.Typer) -> None:
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,
                 adapter_turn_steps=adapter_turn_steps,
+                enable_prefix_caching=prefix_caching,
                 max_waiting=max_waiting,
                 max_n=max_n,
                 adapter_root=adapter_root,

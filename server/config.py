@@ -33,6 +33,7 @@ class ServerConfig:
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
     adapter_turn_steps: int = 64  # steps a running adapter keeps starting requests while another waits for a seat
+    enable_prefix_caching: bool = True  # reuse KV pages of equal prefixes under the same adapter
     max_waiting: int = 256
     max_n: int = 16
     adapter_root: Path | None = None
@@ -106,6 +107,7 @@ class ServerConfig:
             max_adapters=self.max_resident_adapters,
             max_adapters_per_batch=self.adapters_per_batch,
             adapter_turn_steps=self.adapter_turn_steps,
+            enable_prefix_caching=self.enable_prefix_caching,
             max_lora_rank=self.max_lora_rank,
             num_threads=self.num_threads,
             seed=self.seed,

@@ -84,6 +84,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.failure: BaseException | None = None
         self.view = PoolView(engine.pool_stats(), TierSnapshot())  # republished every iteration
+        self._prefix_counted = engine.prefix_cache_stats()  # already added to the prefix cache counters
 
     # ----- any thread ----------------------------------------------------------------------------------
 
@@ -285,6 +286,10 @@ class EngineLoop:
         now = self.clock()
         if self.engine.kv_starved():
             manager.relieve_pressure(now)
+        prefix, counted = self.engine.prefix_cache_stats(), self._prefix_counted
+        self.metrics.prefix_cache_queries.inc(prefix.queried_tokens - counted.queried_tokens)
+        self.metrics.prefix_cache_hits.inc(prefix.hit_tokens - counted.hit_tokens)
+        self._prefix_counted = prefix
         self._publish()  # before answering, so a client that then scrapes sees this step's pool
         share = (now - started) / max(1, len(outputs))
         for out in outputs:

@@ -25,7 +25,7 @@ class GaugeSnapshot:
 
     running: int = 0
     waiting: int = 0
-    pool_pages: dict[str, int] = field(default_factory=dict)  # kind: kv, adapter, free
+    pool_pages: dict[str, int] = field(default_factory=dict)  # kind: kv, kv_cached, adapter, free
     adapters_resident: dict[str, int] = field(default_factory=dict)  # tier: pool, host
 
 
@@ -40,7 +40,7 @@ class _Gauges(Collector):
             "loraplex_requests_waiting", "Requests queued: waiting for an adapter or for the engine.", snap.waiting
         )
         pages = GaugeMetricFamily("loraplex_pool_pages", "Pages of the unified pool by use.", labels=["kind"])
-        for kind in ("kv", "adapter", "free"):
+        for kind in ("kv", "kv_cached", "adapter", "free"):
             pages.add_metric([kind], snap.pool_pages.get(kind, 0))
         yield pages
         resident = GaugeMetricFamily("loraplex_adapters_resident", "Adapters held per tier.", labels=["tier"])
@@ -91,6 +91,12 @@ class ServerMetrics:
         )
         self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
         self.generation_tokens = Counter("loraplex_generation_tokens", "Tokens generated.", registry=r)
+        self.prefix_cache_queries = Counter(
+            "loraplex_prefix_cache_queries", "Tokens of admitted sequences looked up in the prefix cache.", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "loraplex_prefix_cache_hits", "Tokens found in the prefix cache (their prefill skipped).", registry=r
+        )
         self._snapshot: Callable[[], GaugeSnapshot] = GaugeSnapshot
         r.register(_Gauges(lambda: self._snapshot()))
         self._exposed = CollectorRegistry(auto_describe=False)

@@ -28,11 +28,13 @@ class TokenText:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(final: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens read from the prefix cache instead of computed."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": final.num_prompt_tokens,
+        "completion_tokens": final.num_completion_tokens,
+        "total_tokens": final.num_prompt_tokens + final.num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens},
     }
 
 
@@ -74,7 +76,7 @@ class Renderer:
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage(final.num_prompt_tokens, final.num_completion_tokens),
+            "usage": usage(final),
         }
         if self.return_token_ids:
             body["prompt_token_ids"] = list(final.prompt_token_ids)
@@ -154,7 +156,7 @@ class Renderer:
     def usage_chunk(self, final: RequestOutput, stats: RequestStats | None) -> dict:
         """``stream_options.include_usage``: a last chunk with no choices, the usage and the stats."""
         chunk = self._chunk([])
-        chunk["usage"] = usage(final.num_prompt_tokens, final.num_completion_tokens)
+        chunk["usage"] = usage(final)
         if stats is not None:
             chunk[STATS_FIELD] = stats.model_dump()
         return chunk

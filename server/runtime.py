@@ -82,7 +82,12 @@ class ServerRuntime:
         return GaugeSnapshot(
             running=counts.running,
             waiting=counts.waiting,
-            pool_pages={"kv": pool.kv_pages, "adapter": pool.adapter_pages, "free": pool.free_pages},
+            pool_pages={
+                "kv": pool.kv_pages,
+                "kv_cached": pool.kv_cached_pages,
+                "adapter": pool.adapter_pages,
+                "free": pool.free_pages,
+            },
             adapters_resident={"pool": len(tiers.resident), "host": len(tiers.host)},
         )
 
@@ -105,6 +110,7 @@ class ServerRuntime:
                 adapter=pool.adapter_pages,
                 free=pool.free_pages,
                 page_bytes=pool.page_bytes,
+                kv_cached=pool.kv_cached_pages,
             ),
             resident_adapters=_adapter_ids(tiers.resident),
             host_adapters=_adapter_ids(tiers.host),

@@ -28,6 +28,7 @@ from core.projections import PROJECTIONS
 from core.storage import ObjectStore
 from server.adapters.errors import AdapterChecksumMismatch, AdapterTooLarge
 from server.adapters.sources import AdapterSource, LocalSource, resolve_local
+from server.memory.adapter_pages import weights_identity
 
 HEADER_SLACK_BYTES = 1 << 20
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch.save's zip container
@@ -39,6 +40,7 @@ class HostAdapter:
 
     weights: AdapterWeights
     nbytes: int
+    identity: bytes = b""  # content digest, computed on the loader thread: the prefix cache keys KV pages by it
 
     @property
     def max_rank(self) -> int:
@@ -98,7 +100,7 @@ def _parse(directory: Path, shapes: BaseShapes, max_rank: int) -> HostAdapter:
             _refuse_pickle(directory / ADAPTER_WEIGHTS_FILE)
         raise
     weights = load_adapter_weights(spec)
-    return HostAdapter(weights=weights, nbytes=weights_nbytes(weights))
+    return HostAdapter(weights=weights, nbytes=weights_nbytes(weights), identity=weights_identity(weights))
 
 
 def _download(store: ObjectStore, key: str, dest: Path, expected_sha256: str, max_bytes: int) -> None:

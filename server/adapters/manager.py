@@ -260,7 +260,7 @@ class AdapterManager:
     def _queue_placement(self, entry: AdapterEntry, adapter: HostAdapter) -> None:
         """Plan the adapter's pages once (refusing what this server cannot place), then queue it to be placed."""
         try:
-            plan = self.adapters.plan(entry.key, adapter.weights)
+            plan = self.adapters.plan(entry.key, adapter.weights, adapter.identity or None)
         except LoraplexError as exc:
             self._fetch_failed(entry, exc, self.clock())
             return
@@ -305,8 +305,9 @@ class AdapterManager:
                 waiter(None)
 
     def _make_room(self, needed: int, now: float) -> bool:
-        """Evict what placing ``needed`` pages takes; False (evicting nothing) while busy adapters or KV hold it."""
-        free = self.engine.pool.num_free
+        """Evict what placing ``needed`` pages takes; False (evicting nothing) while busy adapters or KV hold it.
+        Cached KV pages count as free: the pool reclaims them before any adapter (docs/prefix-caching.md)."""
+        free = self.engine.pool.num_available
         slots_needed = max(0, len(self.adapters.resident) + 1 - self.limits.max_resident)
         pages_needed = max(0, needed + self.limits.reserve_pages - free)
         if not slots_needed and not pages_needed:

@@ -123,7 +123,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     kv_caches = [kv_cache_views(pool.arena, geometry, layer) for layer in range(model_config.num_layers)]
     lora = LoraBinding.create(pool.arena, tables, model_config)
     model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len, kernels)
-    block_manager = BlockManager(pool, config.block_size, watermark_pages=int(config.watermark * pool.num_pages))
+    block_manager = BlockManager(
+        pool,
+        config.block_size,
+        watermark_pages=int(config.watermark * pool.num_pages),
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
     scheduler = Scheduler(
         block_manager,
         config.max_num_batched_tokens,

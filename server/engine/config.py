@@ -24,6 +24,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # reuse full KV pages of equal prefixes under the same adapter
     max_adapters: int = 32  # adapter slots resident at once
     max_adapters_per_batch: int | None = None  # distinct adapters running at once; None: max_adapters
     adapter_turn_steps: int = 64  # steps an adapter keeps admitting while another waits for the per-batch cap

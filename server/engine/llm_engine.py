@@ -23,9 +23,18 @@ from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput,
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Sequence
 from server.memory.block_manager import blocks_for
+from server.memory.page_keys import BASE_IDENTITY
 from server.memory.pool import PoolStats
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters: tokens of admitted sequences looked up, and those found cached."""
+
+    queried_tokens: int
+    hit_tokens: int
 
 
 @dataclass
@@ -75,8 +84,10 @@ class LLMEngine:
         params: SamplingParams | None = None,
         adapter: str | None = None,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
-        """Validate and queue a request; it starts in the next :meth:`step`."""
+        """Validate and queue a request; it starts in the next :meth:`step`. Requests share cached KV pages only
+        with requests of the same adapter weights and the same ``cache_salt`` (e.g. a tenant id)."""
         params = params or SamplingParams()
         token_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
@@ -104,7 +115,9 @@ class LLMEngine:
             matchers = [self.grammars.matcher(source, lark=lark) for _ in range(params.n)]
         else:
             matchers = []
-        slot = self.adapters.acquire(adapter).slot if adapter is not None else NO_ADAPTER
+        resident = self.adapters.acquire(adapter) if adapter is not None else None
+        slot = resident.slot if resident is not None else NO_ADAPTER
+        owner = resident.identity if resident is not None else BASE_IDENTITY
         request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
         self._requests[request_id] = request
         for index in range(params.n):
@@ -113,6 +126,7 @@ class LLMEngine:
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
             seq = Sequence(self._next_seq_id, request_id, index, token_ids, params, slot, detok)
             seq.matcher = matchers[index] if matchers else None
+            seq.cache_owner, seq.cache_salt = owner, cache_salt
             self._next_seq_id += 1
             request.seqs.append(seq)
             self.scheduler.add(seq)
@@ -144,9 +158,10 @@ class LLMEngine:
 
     # ----- adapters and pool ------------------------------------------------------------------------
 
-    def load_adapter(self, name: str, weights: AdapterWeights) -> int:
-        """Place an adapter's weights in pool pages; returns its slot. Raises if pages or slots run out."""
-        return self.adapters.place(name, self.adapters.plan(name, weights)).slot
+    def load_adapter(self, name: str, weights: AdapterWeights, identity: bytes | None = None) -> int:
+        """Place an adapter's weights in pool pages; returns its slot. Raises if pages or slots run out.
+        ``identity``: the weights' content digest if already known (else computed here)."""
+        return self.adapters.place(name, self.adapters.plan(name, weights, identity)).slot
 
     def unload_adapter(self, name: str) -> None:
         """Return an adapter's pages to the pool. Refused while unfinished requests use it."""
@@ -154,6 +169,14 @@ class LLMEngine:
 
     def pool_stats(self) -> PoolStats:
         return self.pool.stats()
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        manager = self.scheduler.block_manager
+        return PrefixCacheStats(manager.num_queried_tokens, manager.num_hit_tokens)
+
+    def flush_prefix_cache(self) -> int:
+        """Forget every cached prefix (pages in use keep running, uncached); returns the pages freed."""
+        return self.pool.flush_cache()
 
     # ----- stepping -----------------------------------------------------------------------------------
 
@@ -240,6 +263,7 @@ class LLMEngine:
                     arrival_time=request.arrival_time,
                     first_token_time=request.first_token_time,
                     finished_time=request.finished_time,
+                    num_cached_tokens=request.seqs[0].num_cached_tokens,
                 )
             )
         return outputs

@@ -55,3 +55,4 @@ class RequestOutput:
     arrival_time: float
     first_token_time: float | None
     finished_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens read from the prefix cache, not computed (of completion 0)

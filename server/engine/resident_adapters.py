@@ -27,6 +27,7 @@ class ResidentAdapter:
     pages: tuple[int, ...]
     max_rank: int
     ranks: dict[tuple[int, str], int] = field(default_factory=dict)
+    identity: bytes = b""  # content digest of its weights: the key chain root of its cached KV pages
 
     @property
     def num_pages(self) -> int:
@@ -59,9 +60,9 @@ class ResidentAdapters:
     def get(self, name: str) -> ResidentAdapter | None:
         return self._resident.get(name)
 
-    def plan(self, name: str, weights: AdapterWeights) -> AdapterPlan:
+    def plan(self, name: str, weights: AdapterWeights, identity: bytes | None = None) -> AdapterPlan:
         """Validate ``weights`` and work out their pages; :meth:`place` places exactly this plan."""
-        return self._pages.plan(name, weights)
+        return self._pages.plan(name, weights, identity)
 
     def place(self, name: str, plan: AdapterPlan) -> ResidentAdapter:
         """Make ``name`` resident as planned. Raises when it already is, or pages or slots run out."""
@@ -69,12 +70,13 @@ class ResidentAdapters:
             raise AdapterAlreadyLoaded(f"adapter {name!r} is already loaded", param="lora_name")
         slot, pages = self._pages.write(plan)
         ranks = {key: t.a.shape[0] for key, t in plan.weights.modules.items()}
-        adapter = ResidentAdapter(name, slot, tuple(pages), plan.max_rank, ranks)
+        adapter = ResidentAdapter(name, slot, tuple(pages), plan.max_rank, ranks, plan.identity)
         self._resident[name] = adapter
         return adapter
 
     def remove(self, name: str) -> None:
-        """Give a resident adapter's pages and slot back; refused while a request holds it."""
+        """Give a resident adapter's pages and slot back, and the cached KV pages computed under it (unless
+        another resident adapter has the same weights); refused while a request holds it."""
         adapter = self._resident.get(name)
         if adapter is None:
             raise AdapterNotLoaded(f"adapter {name!r} is not loaded", param="lora_name")
@@ -82,6 +84,8 @@ class ResidentAdapters:
             raise AdapterInUse(f"{self._refs[name]} unfinished requests use adapter {name!r}")
         del self._resident[name]
         self._pages.clear(adapter.slot, list(adapter.pages))
+        if not any(other.identity == adapter.identity for other in self._resident.values()):
+            self._pages.pool.drop_owner(adapter.identity)
 
     # ----- references -------------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Every step mixes decodes (one token each) with prefill chunks. A prompt longer than what is left of the
 budget is split across steps (chunked prefill). When a running sequence needs a page and none is free,
 the most recently admitted running sequence is preempted: its pages are freed and it goes back to the
-front of the waiting queue, to be recomputed from its prompt plus what it already generated.
+front of the waiting queue, to be recomputed from its prompt plus what it already generated. With prefix
+caching, a sequence starts after the cached pages holding a prefix of its tokens (a preempted one usually
+finds its own full pages still cached), and its chunks count only the tokens after them.
 
 Admission is FCFS with two exceptions, both policy kept here: a sequence whose adapter must wait for a
 seat in the batch is passed over (:mod:`server.engine.adapter_turns`), and while an adapter placement
@@ -83,8 +85,10 @@ class Scheduler:
         if not self.waiting:
             return False
         head = self.waiting[0]
-        chunk = min(head.num_uncomputed_tokens, self.max_num_batched_tokens)
-        return not self.block_manager.can_grow(head.block_table, chunk, admitting=True)
+        cached = self.block_manager.cached_prefix(head)
+        start = len(cached) * self.block_manager.block_size
+        chunk = min(head.num_tokens - start, self.max_num_batched_tokens)
+        return not self.block_manager.can_admit(head, cached, start + chunk, admitting=True)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a sequence (finished or aborted) and free its pages."""
@@ -121,17 +125,20 @@ class Scheduler:
             if not turns.may_start(seq.adapter_slot):
                 passed_over.append(self.waiting.popleft())
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if num_new < seq.num_uncomputed_tokens and not self.enable_chunked_prefill:
+            cached = self.block_manager.cached_prefix(seq)  # pages already holding a prefix: not recomputed
+            start = len(cached) * self.block_manager.block_size
+            remaining = seq.num_tokens - start
+            num_new = min(remaining, budget)
+            if num_new < remaining and not self.enable_chunked_prefill:
                 break
             alone = not self.running
-            if not self.block_manager.can_grow(seq.block_table, num_new, admitting=not alone):
+            if not self.block_manager.can_admit(seq, cached, start + num_new, admitting=not alone):
                 if alone:  # even an empty pool cannot hold this chunk
                     out.too_long.append(self.waiting.popleft())
                     continue
                 break
             self.waiting.popleft()
-            self.block_manager.grow(seq.block_table, num_new)
+            self.block_manager.admit(seq, cached, start + num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             turns.started(seq.adapter_slot)
@@ -159,6 +166,7 @@ class Scheduler:
             if victim is seq:
                 return False
         self.block_manager.grow(seq.block_table, total)
+        self.block_manager.publish(seq, total)
         return True
 
     def _preempt(self, seq: Sequence) -> None:

@@ -10,6 +10,7 @@ from server.engine.detokenizer import IncrementalDetokenizer, StopStringFilter
 from server.engine.outputs import FinishReason, TokenLogprob
 from server.engine.penalties import TokenCounts
 from server.engine.sampling_params import SamplingParams
+from server.memory.page_keys import BASE_IDENTITY
 
 
 class SequenceStatus(Enum):
@@ -41,6 +42,14 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
+        # Prefix caching: the adapter identity its pages are keyed under (set by the engine), an optional salt,
+        # the keys of its full pages so far (tokens never change, so they survive preemption), how many pages
+        # of the block table carry their key, and the prompt tokens its first admission found cached.
+        self.cache_owner = BASE_IDENTITY
+        self.cache_salt: str | None = None
+        self.page_keys: list[bytes] = []
+        self.num_keyed_pages = 0
+        self.num_cached_tokens = 0
         self.num_preemptions = 0
         self.detokenizer = detokenizer
         self.stop_filter = StopStringFilter(params.stop) if detokenizer is not None else None

@@ -7,6 +7,7 @@ B^T rows of each projection another, so the CPU path can view them in place as o
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -62,10 +63,22 @@ class AdapterPlan:
     ranks: dict[tuple[int, int], int]  # (layer, projection index) -> rank
     num_pages: int
     placements: tuple[Placement, ...]
+    identity: bytes = b""  # content digest (:func:`weights_identity`): the prefix cache keys its KV pages by it
 
     @property
     def max_rank(self) -> int:
         return self.weights.max_rank
+
+
+def weights_identity(weights: AdapterWeights) -> bytes:
+    """A digest of everything that shapes an adapter's outputs (modules, scales, tensor values): adapters with
+    the same identity compute the same K/V, so the prefix cache may share pages between them."""
+    h = hashlib.blake2b(b"loraplex-adapter\0", digest_size=32)
+    for (layer, proj), t in sorted(weights.modules.items()):
+        h.update(f"{layer}:{proj}:{t.scale!r}:{tuple(t.a.shape)}:{tuple(t.b.shape)}\0".encode())
+        for tensor in (t.a, t.b):
+            h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.digest()
 
 
 def row_blocks(ranks: dict[tuple[int, int], int], shapes: BaseShapes, page_elems: int) -> list[RowBlock]:
@@ -134,8 +147,11 @@ class AdapterPages:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
-    def plan(self, name: str, weights: AdapterWeights) -> AdapterPlan:
-        """Check the weights against the base model and this server's limits, then pack them into pages."""
+    def plan(self, name: str, weights: AdapterWeights, identity: bytes | None = None) -> AdapterPlan:
+        """Check the weights against the base model and this server's limits, then pack them into pages.
+
+        ``identity`` is the weights' :func:`weights_identity` when the caller already computed it (off the engine
+        thread); otherwise it is computed here."""
         if weights.max_rank > self.tables.max_rank:
             raise AdapterRankTooLarge(
                 f"adapter {name!r} has rank {weights.max_rank}; this server serves ranks up to {self.tables.max_rank}",
@@ -145,7 +161,7 @@ class AdapterPages:
         ranks = _ranks_of(weights)
         page_elems = self.pool.page_elems
         num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, page_elems), page_elems)
-        return AdapterPlan(weights, ranks, num_pages, tuple(placements))
+        return AdapterPlan(weights, ranks, num_pages, tuple(placements), identity or weights_identity(weights))
 
     def write(self, plan: AdapterPlan) -> tuple[int, list[int]]:
         """Copy a planned adapter's rows into freshly allocated pages and publish them in a free slot.

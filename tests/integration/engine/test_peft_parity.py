@@ -110,7 +110,7 @@ def test_parity_holds_when_requests_are_preempted_and_resumed(case):
     assert llm.engine.num_preemptions > 0
     assert got == expected
     stats = llm.engine.pool_stats()
-    assert stats.kv_pages == 0 and stats.free_pages == stats.total_pages - stats.adapter_pages
+    assert stats.kv_pages == 0 and stats.free_pages + stats.kv_cached_pages == stats.total_pages - stats.adapter_pages
 
 
 def test_repetition_penalty_matches_transformers_in_a_mixed_batch(case):
@@ -303,3 +303,120 @@ def test_bf16_adapter_logits_are_as_close_to_peft_fp32_as_peft_bf16(case):
     print(report)
     (our_max, our_mean), (their_max, their_mean) = errors["ours"], errors["PEFT"]
     assert our_max <= BF16_SLACK * their_max and our_mean <= BF16_SLACK * their_mean, report
+
+
+# ----- prefix caching: same greedy tokens with and without it; pages shared only under the same adapter weights ----
+
+
+def _waves(llm: LLM, waves, max_tokens: int = MAX_TOKENS, n: int = 1) -> tuple[list[list[int]], list[int]]:
+    """Run each wave of ``(prompt, adapter)`` to completion before the next (so later waves find earlier pages);
+    the greedy tokens of every request and the prompt tokens each found cached, in order."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, n=n)
+    tokens, cached = [], []
+    for wave in waves:
+        for out in llm.generate([(prompt, adapter, params) for prompt, adapter in wave]):
+            tokens.append([t for c in out.outputs for t in c.token_ids])
+            cached.append(out.num_cached_tokens)
+    return tokens, cached
+
+
+def _prefixed(seed: int, prefix_len: int = 37, suffix_lens=(5, 9, 14)) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(3, 96, (prefix_len,), generator=gen).tolist()
+    return [prefix + torch.randint(3, 96, (n,), generator=gen).tolist() for n in suffix_lens]
+
+
+def _llm(base: Path, dirs: dict[str, Path], names, **kw) -> LLM:
+    llm = LLM(base, pool_bytes=kw.pop("pool_bytes", 16 << 20), max_lora_rank=32, **kw)
+    for name in names:
+        llm.load_adapter(name, dirs[name])
+    return llm
+
+
+def test_prefix_cache_keeps_greedy_tokens_and_never_crosses_adapters(case):
+    """One prompt prefix under adapter X (k/v carry LoRA), adapter Y and the base, interleaved over waves: the
+    tokens equal those without caching (also with 16-token chunks), and only the same adapter finds the pages."""
+    base, dirs, _, _ = case
+    x, y = "attn-r8", "all-r32"
+    p = _prefixed(11)
+    waves = [[(p[0], x)], [(p[0], y), (p[0], None), (p[1], x)], [(p[2], None), (p[1], y), (p[2], x)]]
+    off, off_cached = _waves(_llm(base, dirs, (x, y), enable_prefix_caching=False), waves)
+    assert off_cached == [0] * 7
+    for kw in ({}, {"max_num_batched_tokens": 16}):
+        llm = _llm(base, dirs, (x, y), **kw)
+        on, cached = _waves(llm, waves)
+        assert on == off
+        # Wave 2: Y and the base miss X's pages; X finds its two full prefix pages. Wave 3: everyone hits.
+        assert cached == [0, 0, 0, 32, 32, 32, 32]
+        stats = llm.engine.prefix_cache_stats()
+        assert stats.hit_tokens == 4 * 32 and stats.queried_tokens == sum(len(q) for w in waves for q, _ in w)
+    assert len({tuple(t) for t in on[1:4]}) == 3  # the three owners really answer differently
+
+
+def test_prefix_cache_parity_when_requests_are_preempted_and_resumed(case):
+    base, dirs, _, _ = case
+    names = ("attn-r8", "all-r32")
+    prompts = _prefixed(12, prefix_len=40, suffix_lens=(3, 8, 20, 30, 6, 11))
+    requests = [(prompt, names[i % 2] if i % 3 else None) for i, prompt in enumerate(prompts)]
+    waves = [requests[:2], requests]
+    off, _ = _waves(_llm(base, dirs, names, enable_prefix_caching=False), waves)
+    probe = _llm(base, dirs, names).engine.pool_stats()
+    kv_pages = 2 * blocks_for(max(len(p) for p in prompts) + MAX_TOKENS, 16) + 1
+    llm = _llm(base, dirs, names, pool_bytes=(probe.adapter_pages + kv_pages) * probe.page_bytes, watermark=0.0)
+    on, cached = _waves(llm, waves)
+    assert llm.engine.num_preemptions > 0 and sum(cached) > 0
+    assert on == off
+    stats = llm.engine.pool_stats()
+    assert stats.kv_pages == 0 and stats.free_pages + stats.kv_cached_pages == stats.total_pages - stats.adapter_pages
+    llm.engine.flush_prefix_cache()
+    assert llm.engine.pool_stats().free_pages == stats.total_pages - stats.adapter_pages
+
+
+def test_prefix_cache_after_eviction_reload_and_replacement_under_the_same_name(case):
+    """Evicting an adapter drops its cached pages; reloaded, it recomputes and matches. Replaced by other weights
+    under the same name while a twin of the old weights keeps their pages cached, it never hits them."""
+    base, dirs, _, _ = case
+    prompt = _prefixed(13)[2]
+    reference = _llm(base, dirs, ("attn-r8", "qv-r2"), enable_prefix_caching=False)
+    want_x, _ = _waves(reference, [[(prompt, "attn-r8")]])
+    want_q, _ = _waves(reference, [[(prompt, "qv-r2")]])
+    llm = _llm(base, dirs, ())
+    llm.load_adapter("x", dirs["attn-r8"])
+    assert _waves(llm, [[(prompt, "x")], [(prompt, "x")]]) == (want_x * 2, [0, 48])
+    llm.unload_adapter("x")
+    assert llm.engine.pool_stats().kv_cached_pages == 0
+    llm.load_adapter("x", dirs["attn-r8"])
+    assert _waves(llm, [[(prompt, "x")]]) == (want_x, [0])
+    llm.load_adapter("twin", dirs["attn-r8"])  # same weights: same identity, so it may share x's pages
+    assert _waves(llm, [[(prompt, "twin")]]) == (want_x, [48])
+    llm.unload_adapter("x")
+    assert llm.engine.pool_stats().kv_cached_pages > 0  # kept: the twin still computes exactly these K/V
+    llm.load_adapter("x", dirs["qv-r2"])  # other weights under the old name
+    assert _waves(llm, [[(prompt, "x")], [(prompt, "twin")]]) == (want_q + want_x, [0, 48])
+
+
+def test_prefix_cache_shares_the_prompt_between_the_n_completions(case):
+    base, dirs, _, _ = case
+    prompt = _prefixed(14)[1]
+    llm = _llm(base, dirs, ("all-r32",))
+    (tokens,), (cached,) = _waves(llm, [[(prompt, "all-r32")]], n=3)
+    (single,), _ = _waves(_llm(base, dirs, ("all-r32",), enable_prefix_caching=False), [[(prompt, "all-r32")]])
+    assert tokens == single * 3 and cached == 0  # completion 0 computed the prompt ...
+    assert llm.engine.prefix_cache_stats().hit_tokens == 2 * 32  # ... and completions 1 and 2 shared its pages
+
+
+def test_prefix_cache_with_triton_kernels(case, monkeypatch):
+    """The Triton decode kernel reads shared pages (interpreted on CPU) and gives the same tokens."""
+    base, dirs, _, _ = case
+    if not torch.cuda.is_available():
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
+    prompt = _prefixed(15)[0]
+    monkeypatch.setenv("LORAPLEX_KERNELS", "torch")
+    want, _ = _waves(_llm(base, dirs, ("attn-r8",), enable_prefix_caching=False), [[(prompt, "attn-r8")]], 4)
+    monkeypatch.setenv("LORAPLEX_KERNELS", "triton")
+    llm = _llm(base, dirs, ("attn-r8",))
+    assert llm.engine.runner.model.kernels.name == "triton"
+    assert _waves(llm, [[(prompt, "attn-r8")], [(prompt, "attn-r8")]], 4) == (want * 2, [0, 32])

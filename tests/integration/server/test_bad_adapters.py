@@ -92,8 +92,14 @@ def server(tiny_model_dir: Path, adapter_root: Path, s3_store: S3ObjectStore) ->
 def still_serving(server: ServerUnderTest, base_name: str) -> None:
     """The base model and a good adapter still answer, and the engine is ready."""
     client = server.client()
-    assert client.completions.create(model=base_name, prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
-    assert client.completions.create(model="good", prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
+    assert (
+        client.completions.create(model=base_name, prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens
+        == 2
+    )
+    assert (
+        client.completions.create(model="good", prompt="ok", max_tokens=2, extra_body=NO_EOS).usage.completion_tokens
+        == 2
+    )
     assert httpx.get(f"{server.url}/ready", headers=server.headers).status_code == 200
 
 

@@ -36,7 +36,9 @@ def test_adapters_take_turns_for_the_one_seat(tiny_model_dir: Path, peft_dir: Pa
         done_at: dict[str, float] = {}
 
         def complete(name: str) -> int:
-            tokens = client.completions.create(model=name, prompt="hi", max_tokens=3, extra_body=NO_EOS).usage.completion_tokens
+            tokens = client.completions.create(
+                model=name, prompt="hi", max_tokens=3, extra_body=NO_EOS
+            ).usage.completion_tokens
             done_at[name] = time.monotonic()
             return tokens
 
@@ -45,7 +47,9 @@ def test_adapters_take_turns_for_the_one_seat(tiny_model_dir: Path, peft_dir: Pa
             second = pool.submit(complete, "second")
             wait_until(lambda: waiting() == 1, "the second adapter to queue")
             # The base model is not held back.
-            base = client.completions.create(model=server.runtime.base_name, prompt="hi", max_tokens=3, extra_body=NO_EOS)
+            base = client.completions.create(
+                model=server.runtime.base_name, prompt="hi", max_tokens=3, extra_body=NO_EOS
+            )
             assert base.usage.completion_tokens == 3
             # The first adapter's turn is over while the second waits: its new request queues too.
             again = pool.submit(complete, "first")

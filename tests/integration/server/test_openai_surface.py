@@ -165,7 +165,12 @@ def test_vllm_style_load_and_unload(server, stored, base_name):
         assert loaded.status_code == 200, loaded.text
         client = server.client()
         assert "float" in {m.id for m in client.models.list().data}  # a name that is also a Python builtin
-        assert client.completions.create(model="float", prompt=PROMPT, max_tokens=2, extra_body=NO_EOS).usage.completion_tokens == 2
+        assert (
+            client.completions.create(
+                model="float", prompt=PROMPT, max_tokens=2, extra_body=NO_EOS
+            ).usage.completion_tokens
+            == 2
+        )
         other = http.post("/v1/load_lora_adapter", json={"lora_name": "float", "lora_path": "local-a"})
         assert other.status_code == 409 and other.headers["x-should-retry"] == "false"
         assert http.post("/v1/unload_lora_adapter", json={"lora_name": "float"}).status_code == 200
@@ -316,7 +321,12 @@ def test_malformed_bodies_are_400_and_the_sdk_raises_typed_errors(server, base_n
         client.completions.create(model=base_name, prompt=PROMPT, extra_body={ADAPTER_FIELD: stored.model_dump()})
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="missing", messages=MESSAGES)
-    assert client.completions.create(model=base_name, prompt=PROMPT, max_tokens=1, extra_body=NO_EOS).usage.completion_tokens == 1
+    assert (
+        client.completions.create(
+            model=base_name, prompt=PROMPT, max_tokens=1, extra_body=NO_EOS
+        ).usage.completion_tokens
+        == 1
+    )
 
 
 def test_metrics_expose_exactly_the_documented_names(server):
@@ -328,16 +338,48 @@ def test_metrics_expose_exactly_the_documented_names(server):
         "loraplex_adapter_load_seconds", "loraplex_time_to_first_token_seconds",
         "loraplex_inter_token_latency_seconds", "loraplex_e2e_request_latency_seconds",
         "loraplex_prompt_tokens_total", "loraplex_generation_tokens_total",
+        "loraplex_prefix_cache_queries_total", "loraplex_prefix_cache_hits_total",
     }  # fmt: skip
     assert metrics.value("loraplex_adapter_loads_total", tier="local") >= 1
     assert metrics.value("loraplex_time_to_first_token_seconds_count") >= 1
+    assert metrics.value("loraplex_prefix_cache_queries_total") >= metrics.value("loraplex_prefix_cache_hits_total")
     stats = server.runtime.engine.pool_stats()
     assert (
-        metrics.value("loraplex_pool_pages", kind="free")
-        + metrics.value("loraplex_pool_pages", kind="adapter")
-        + metrics.value("loraplex_pool_pages", kind="kv")
+        sum(metrics.value("loraplex_pool_pages", kind=kind) for kind in ("free", "adapter", "kv", "kv_cached"))
         == stats.total_pages
     )
+
+
+@pytest.mark.parametrize("which", ["base", "local-a"])
+def test_repeated_prompts_report_cached_tokens(server, base_name, which):
+    """The second request with the same long prompt and model reads its full pages from the prefix cache, and
+    says so in usage.prompt_tokens_details.cached_tokens: completions and chat, streamed or not."""
+    model, client = base_name if which == "base" else which, server.client()
+    prompt = f"Cached prefix probe for {which}: " + "the same words again and again, " * 3
+    messages = [{"role": "system", "content": prompt}, {"role": "user", "content": "Name a colour."}]
+    body = {"ignore_eos": True}
+    hits_before = server.metrics().value("loraplex_prefix_cache_hits_total")
+
+    def completion(stream: bool):
+        kw = dict(model=model, prompt=prompt, max_tokens=2, temperature=0, extra_body=body)
+        if not stream:
+            return client.completions.create(**kw).usage
+        return list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))[-1].usage
+
+    def chat(stream: bool):
+        kw = dict(model=model, messages=messages, max_tokens=2, temperature=0, extra_body=body)
+        if not stream:
+            return client.chat.completions.create(**kw).usage
+        return list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))[-1].usage
+
+    for ask in (completion, chat):
+        first = ask(stream=False)
+        assert first.prompt_tokens > 32 and first.prompt_tokens_details.cached_tokens == 0
+        for stream in (False, True):
+            again = ask(stream=stream)
+            cached = again.prompt_tokens_details.cached_tokens
+            assert 32 <= cached < again.prompt_tokens and cached % 16 == 0
+    assert server.metrics().value("loraplex_prefix_cache_hits_total") >= hits_before + 4 * 32
 
 
 # ----- structured outputs: response_format through the stock SDK ------------------------------------------------
