@@ -152,6 +152,7 @@ class UsageRecord(SQLModel, table=True):
     job_id: str | None = Field(default=None, max_length=40)
     replica: str | None = Field(default=None, max_length=255)
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache instead of computed
     completion_tokens: int = 0
     training_tokens: int = 0
     compute_seconds: float = 0.0  # training job wall time on its device

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     rate_limit_burst_seconds: float = Field(
         default=60.0, gt=0, le=3600, description="Burst allowed at once, in seconds of a tenant's rate."
     )
+    charge_cached_tokens: bool = Field(
+        default=True,
+        description="Whether prompt tokens served from the prefix cache count against tokens-per-minute limits "
+        "(usage reports show them apart either way).",
+    )
     inference_max_n: int = Field(default=8, ge=1, le=128, description="Largest `n` an inference request may ask.")
     upstream_connect_timeout_s: float = Field(default=3.0, gt=0, description="Connecting to a replica.")
     upstream_read_timeout_s: float = Field(default=600.0, gt=0, description="Silence tolerated from a replica.")

@@ -52,6 +52,17 @@ class InferenceMeter:
         completion = _int(usage.get("completion_tokens")) if self.usage else self.delivered_pieces
         return prompt, completion
 
+    def cached_tokens(self) -> int:
+        """Prompt tokens the server found in its prefix cache (``usage.prompt_tokens_details.cached_tokens``)."""
+        details = (self.usage or {}).get("prompt_tokens_details")
+        return min(_int(details.get("cached_tokens")), self.tokens()[0]) if isinstance(details, dict) else 0
+
+    def limited_tokens(self, charge_cached: bool) -> int:
+        """Tokens debited from the tenant's tokens-per-minute budget: cached prompt tokens count only when
+        ``charge_cached`` (``LORAPLEX_CHARGE_CACHED_TOKENS``), as they cost the server almost nothing."""
+        prompt, completion = self.tokens()
+        return prompt - (0 if charge_cached else self.cached_tokens()) + completion
+
     def record(self) -> UsageRecord:
         """The row to store, at the end of the request."""
         stats = self.stats or {}
@@ -65,6 +76,7 @@ class InferenceMeter:
             request_id=self.request_id,
             replica=str(stats.get("replica") or self.replica or "") or None,
             prompt_tokens=prompt,
+            cached_tokens=self.cached_tokens(),
             completion_tokens=completion,
             gpu_seconds=float(stats.get("gpu_seconds") or 0.0),
             latency_ms=(ended - self.started) * 1000,

@@ -89,7 +89,7 @@ async def finish_request(ctx: ApiContext, meter: InferenceMeter) -> None:
         return
     meter.finished = True
     row = meter.record()
-    await ctx.limits.debit_tokens(meter.tenant, row.prompt_tokens + row.completion_tokens)
+    await ctx.limits.debit_tokens(meter.tenant, meter.limited_tokens(ctx.settings.charge_cached_tokens))
     try:
         await run_in_threadpool(_insert, ctx, row)
     except Exception:

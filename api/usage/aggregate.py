@@ -25,6 +25,7 @@ class UsageMetrics:
     requests: int = 0
     failed_requests: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, served from the prefix cache
     completion_tokens: int = 0
     training_tokens: int = 0
     job_compute_seconds: float = 0.0
@@ -52,6 +53,7 @@ def _metric_columns() -> list[ColumnElement[Any]]:
         func.count(case((inference, 1))),
         func.count(case((and_(inference, col(UsageRecord.status) != "completed"), 1))),
         func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+        func.coalesce(func.sum(UsageRecord.cached_tokens), 0),
         func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
         func.coalesce(func.sum(UsageRecord.training_tokens), 0),
         func.coalesce(func.sum(UsageRecord.compute_seconds), 0.0),

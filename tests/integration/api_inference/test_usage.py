@@ -7,6 +7,7 @@ import csv
 import io
 
 import pytest
+from openai.types import CompletionUsage
 
 from tests.integration.api_inference.deployment import Deployment
 from tests.integration.api_inference.serving import TrainedAdapter
@@ -18,12 +19,16 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trained_adapter: TrainedAdapter) -> None:
     tenant = serving.make_tenant()
     client = tenant.openai()
-    received = []  # (prompt, completion) per request, from the answers themselves
+    received = []  # (prompt, completion, cached prompt) tokens per request, from the answers themselves
+
+    def count(usage: CompletionUsage) -> int:
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+        received.append((usage.prompt_tokens, usage.completion_tokens, cached or 0))
+        return cached or 0
+
     for model in (serving.base_model,):
-        answer = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5)
-        received.append((answer.usage.prompt_tokens, answer.usage.completion_tokens))
-        answer = client.completions.create(model=model, prompt="Once upon", max_tokens=7, n=2)
-        received.append((answer.usage.prompt_tokens, answer.usage.completion_tokens))
+        count(client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5).usage)
+        count(client.completions.create(model=model, prompt="Once upon", max_tokens=7, n=2).usage)
         for endpoint in ("chat", "completions"):
             kwargs = {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4}
             if endpoint == "chat":
@@ -31,15 +36,21 @@ def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trai
             else:
                 stream = client.completions.create(model=model, prompt="Hello", **kwargs)  # type: ignore[call-overload]
             [usage] = [chunk.usage for chunk in stream if chunk.usage is not None]
-            received.append((usage.prompt_tokens, usage.completion_tokens))
+            count(usage)
+    # The same long prompt again and again: later answers read its pages from the server's prefix cache.
+    repeated = f"Tenant {tenant.id} tells a long story that starts the same way every time. " * 2
+    hits = [count(client.completions.create(model=serving.base_model, prompt=repeated, max_tokens=2).usage)]
+    hits += [count(client.completions.create(model=serving.base_model, prompt=repeated, max_tokens=2).usage)]
+    assert hits[-1] > 0 and max(hits) < received[-1][0]
 
     serving.wait_until(lambda: len(serving.usage_records(tenant.id)) == len(received), "every request to be metered")
     report, as_csv = json_and_csv(serving, {"group_by": "tenant"})
     [mine] = [row for row in report["data"] if row["tenant_id"] == tenant.id]
 
     assert mine["requests"] == len(received) and mine["failed_requests"] == 0
-    assert mine["prompt_tokens"] == sum(p for p, _ in received)
-    assert mine["completion_tokens"] == sum(c for _, c in received)
+    assert mine["prompt_tokens"] == sum(p for p, _, _ in received)
+    assert mine["completion_tokens"] == sum(c for _, c, _ in received)
+    assert mine["cached_tokens"] == sum(h for _, _, h in received)
     assert mine["gpu_seconds"] > 0
     [csv_row] = [row for row in as_csv if row["tenant_id"] == tenant.id]
     assert {k: str(v) for k, v in mine.items()} == csv_row
@@ -49,6 +60,7 @@ def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trai
     assert [row["model"] for row in own["data"]] == [serving.base_model]
     assert own["totals"]["prompt_tokens"] == mine["prompt_tokens"]
     assert own["totals"]["completion_tokens"] == mine["completion_tokens"]
+    assert own["totals"]["cached_tokens"] == mine["cached_tokens"]
 
 
 def json_and_csv(serving: Deployment, params: dict[str, str]) -> tuple[dict, list[dict[str, str]]]:

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
-from sqlmodel import func, select
+from sqlalchemy import inspect, text
+from sqlmodel import SQLModel, func, select
 
 from core import db
 from core.accounts import authenticate, create_tenant, revoke_api_key
 from core.errors import AuthenticationFailed, Conflict
-from core.models import ApiKey, Tenant
+from core.models import ApiKey, Tenant, UsageRecord
 
 TABLES = {"tenant", "api_key", "file", "fine_tune_job", "job_event", "adapter", "usage_record"}
 
@@ -26,6 +26,8 @@ def _check_schema(url: str) -> None:
     try:
         inspector = inspect(engine)
         assert set(inspector.get_table_names()) >= TABLES
+        for table in SQLModel.metadata.sorted_tables:  # every model column has its migration
+            assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.columns.keys()), table.name
         indexed = {tuple(ix["column_names"]) for ix in inspector.get_indexes("fine_tune_job")}
         assert ("tenant_id", "created_at") in indexed
         with db.session_scope(engine) as session:
@@ -46,6 +48,25 @@ def test_migrations_on_empty_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_migrations_on_empty_postgres(postgres_url: str) -> None:
     _check_schema(postgres_url)
+
+
+def test_usage_rows_written_before_cached_tokens_count_none(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loraplex.db'}"
+    db.upgrade(url, "0002")
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO usage_record (tenant_id, kind, prompt_tokens, completion_tokens, training_tokens, "
+                "compute_seconds, gpu_seconds, page_seconds, cold_start, created_at) "
+                "VALUES ('t', 'inference', 7, 3, 0, 0, 0, 0, 0, 1)"
+            ))  # fmt: skip
+        db.upgrade(url)
+        with db.session_scope(engine) as session:
+            row = session.exec(select(UsageRecord)).one()
+            assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (7, 0, 3)
+    finally:
+        engine.dispose()
 
 
 def test_cli_db_upgrade(tmp_path: Path) -> None:

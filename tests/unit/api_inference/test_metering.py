@@ -47,6 +47,17 @@ def test_a_client_that_did_not_ask_gets_no_usage_chunk_but_the_request_is_still_
     assert m.tokens() == (7, 2)
 
 
+def test_cached_prompt_tokens_are_recorded_and_charged_only_when_asked() -> None:
+    m = meter()
+    m.usage = {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}
+    assert (m.record().prompt_tokens, m.record().cached_tokens) == (40, 32)
+    assert (m.limited_tokens(charge_cached=True), m.limited_tokens(charge_cached=False)) == (43, 11)
+    m.usage = {"prompt_tokens": 4, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 99}}
+    assert m.cached_tokens() == 4  # never more than the prompt
+    m.usage = {"prompt_tokens": 4, "completion_tokens": 1, "prompt_tokens_details": None}
+    assert m.record().cached_tokens == 0
+
+
 def test_usage_riding_on_a_text_chunk_is_removed_not_the_text() -> None:
     chunk = {**text("z"), "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
     seen, _ = relay([chunk], wants_usage=False)
