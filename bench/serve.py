@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--step-tokens", type=int, default=2048, help="our engine's tokens per step (prompts prefill in chunks)"
     )
+    parser.add_argument(
+        "--decoding-step-tokens", type=int, default=256, help="our engine's tokens per step while requests decode"
+    )
     parser.add_argument("--max-batch", type=int, help="baseline requests per adapter batch (default: N)")
     args = parser.parse_args()
     if args.requests is not None and args.duration is not None:
@@ -181,7 +184,13 @@ def main() -> None:
         adapter_models = [adapter_dir_name(i) for i in range(args.adapters)]
         say(f"model and adapters written in {time.perf_counter() - started:.1f} s")
         options = OursOptions(
-            args.pool_mib << 20, args.resident, args.adapter_idle_ttl, max(RANKS), args.threads, args.step_tokens
+            args.pool_mib << 20,
+            args.resident,
+            args.adapter_idle_ttl,
+            max(RANKS),
+            args.threads,
+            args.step_tokens,
+            args.decoding_step_tokens,
         )
         results = {}
         for label in ("ours", "PEFT"):

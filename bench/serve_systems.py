@@ -33,6 +33,7 @@ class OursOptions:
     max_lora_rank: int
     threads: int
     step_tokens: int = 2048
+    decoding_step_tokens: int = 256
 
 
 @dataclass
@@ -137,6 +138,7 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
         "--max-lora-rank", str(options.max_lora_rank),
         "--threads", str(options.threads),
         "--max-num-batched-tokens", str(options.step_tokens),
+        "--step-tokens-while-decoding", str(options.decoding_step_tokens),
     ]  # fmt: skip
     env = child_env(workdir, options.threads)
     process = ManagedProcess("loraplex server", argv, workdir / "logs" / "ours.log", env=env).start()

@@ -19,6 +19,7 @@ class Tenant(SQLModel, table=True):
     disabled: bool = False
     requests_per_minute: int | None = None  # None: the platform default
     tokens_per_minute: int | None = None
+    scheduling_weight: float | None = None  # share of a busy inference server relative to others; None: 1
     created_at: int = Field(default_factory=now, index=True)
 
 

@@ -6,6 +6,10 @@ field :data:`ADAPTER_FIELD` carries the :class:`~core.descriptor.AdapterDescript
 fetches, verifies and places the adapter by. Only callers holding the internal token
 (``Authorization: Bearer <LORAPLEX_INTERNAL_TOKEN>``) may send it.
 
+The field :data:`TENANT_FIELD` (a :class:`TenantTag`), also from internal-token holders only, says whose
+the request is: the server schedules tenants fairly by weight and keeps their prefix caches apart. A
+request without it is the server's one direct tenant.
+
 Answers: the server adds :data:`STATS_FIELD` (a :class:`RequestStats`) at the top level of a
 non-streaming response and of the final chunk of a stream (the usage chunk when
 ``stream_options.include_usage`` is set, which the API always asks for and strips if its client
@@ -18,9 +22,10 @@ Adapter residency is reported as increments on the Redis stream :data:`RESIDENCY
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 ADAPTER_FIELD = "adapter"
+TENANT_FIELD = "tenant"
 STATS_FIELD = "loraplex"
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -34,6 +39,15 @@ RESIDENCY_STREAM_MAXLEN = 100_000
 def replica_key(replica_id: str) -> str:
     """Redis key holding one replica's status."""
     return REPLICA_KEY_PREFIX + replica_id
+
+
+class TenantTag(BaseModel):
+    """Whose a proxied request is, for the server's fair scheduling and prefix-cache isolation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64)
+    weight: float = Field(default=1.0, gt=0, le=1000, description="Share of a busy server relative to other tenants.")
 
 
 class RequestStats(BaseModel):
@@ -55,6 +69,15 @@ class PoolPages(BaseModel):
     kv_cached: int = 0  # prefix-cache pages: evictable, so as good as free for new work
 
 
+class TenantLoad(BaseModel):
+    """One tenant's load on a replica: sequences queued and running, and the KV pages they hold."""
+
+    tenant: str = Field(description='A tenant id; "direct" for callers without the API, "other" for the rest.')
+    waiting: int
+    running: int
+    kv_pages: int
+
+
 class ReplicaStatus(BaseModel):
     """A server's heartbeat: where it is, how busy, and which adapters it holds warm."""
 
@@ -69,6 +92,7 @@ class ReplicaStatus(BaseModel):
     pool: PoolPages
     resident_adapters: list[str] = Field(default_factory=list, description="Adapter ids in the pool.")
     host_adapters: list[str] = Field(default_factory=list, description="Adapter ids cached in host RAM.")
+    tenants: list[TenantLoad] = Field(default_factory=list, description="The busiest tenants, then the rest.")
 
     @property
     def overloaded(self) -> bool:

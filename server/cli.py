@@ -38,6 +38,13 @@ def register(app: typer.Typer) -> None:
             int,
             typer.Option(help="Tokens per engine step; long prompts prefill in chunks of this (lower: steadier ITL)."),
         ] = 2048,
+        step_tokens_while_decoding: Annotated[
+            int,
+            typer.Option(
+                help="Tokens per engine step while any request decodes: decodes first, prompt chunks get the rest "
+                "(lower: steadier inter-token latency and first tokens under load; higher: faster prefill)."
+            ),
+        ] = 256,
         max_lora_rank: Annotated[
             int | None, typer.Option(help="Largest adapter rank (default: LORAPLEX_MAX_LORA_RANK).")
         ] = None,
@@ -64,6 +71,14 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--prefix-caching/--no-prefix-caching",
                 help="Reuse the KV pages of prompt prefixes seen before under the same adapter.",
+            ),
+        ] = True,
+        fair_scheduling: Annotated[
+            bool,
+            typer.Option(
+                "--fair-scheduling/--fcfs",
+                help="Start queued requests by priority class, then by each tenant's weighted share of computed "
+                "tokens (--fcfs: in arrival order).",
             ),
         ] = True,
         max_waiting: Annotated[int, typer.Option(help="Queued requests before answering 429.")] = 256,
@@ -99,11 +114,13 @@ def register(app: typer.Typer) -> None:
                 pool_bytes=pool_bytes,
                 max_model_len=max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens,
+                step_tokens_while_decoding=step_tokens_while_decoding,
                 max_lora_rank=max_lora_rank or settings.max_lora_rank,
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,
                 adapter_turn_steps=adapter_turn_steps,
                 enable_prefix_caching=prefix_caching,
+                fair_scheduling=fair_scheduling,
                 max_waiting=max_waiting,
                 max_n=max_n,
                 adapter_root=adapter_root,

@@ -22,7 +22,7 @@ from server.adapters.registry import KnownAdapter
 from server.disconnect import EventStream, unless_disconnected
 from server.engine import CompletionOutput, RequestOutput
 from server.engine_loop import ClientGone
-from server.openai_params import chat_prompt, completion_prompt, sampling_params
+from server.openai_params import chat_prompt, completion_prompt, sampling_params, tenancy
 from server.openai_render import Kind, Renderer, TokenText
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from server.openai_tools import ToolUse, tool_use
@@ -77,7 +77,9 @@ class CompletionService:
         grammar = tools.grammar() if tools else None
         params = sampling_params(body, len(prompt), engine.max_model_len, runtime.config.max_n, grammar)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        ticket = Ticket.create(f"{prefix}-{uuid.uuid4().hex}", adapter, prompt, params, arrival)
+        ticket = Ticket.create(
+            f"{prefix}-{uuid.uuid4().hex}", adapter, prompt, params, arrival, tenancy(body), body.cache_salt
+        )
         headers = {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER) or ticket.request_id}
         runtime.loop.submit(ticket)
         try:

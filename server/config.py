@@ -29,11 +29,13 @@ class ServerConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per engine step; smaller keeps decodes flowing while prompts prefill
+    step_tokens_while_decoding: int | None = 256  # per step while anything decodes; None: max_num_batched_tokens
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
     adapter_turn_steps: int = 64  # steps a running adapter keeps starting requests while another waits for a seat
     enable_prefix_caching: bool = True  # reuse KV pages of equal prefixes under the same adapter
+    fair_scheduling: bool = True  # tenants share the engine by weight; False: first come, first served
     max_waiting: int = 256
     max_n: int = 16
     adapter_root: Path | None = None
@@ -73,6 +75,8 @@ class ServerConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.max_adapters_per_batch is not None and self.max_adapters_per_batch < 1:
             raise ConfigError("--max-adapters-per-batch must be >= 1")
+        if self.step_tokens_while_decoding is not None and self.step_tokens_while_decoding < 1:
+            raise ConfigError("--step-tokens-while-decoding must be >= 1")
         if self.adapter_idle_ttl <= 0 or self.host_idle_ttl <= 0:
             raise ConfigError("--adapter-idle-ttl and --host-idle-ttl must be > 0 seconds")
         if self.host_idle_ttl < self.adapter_idle_ttl:
@@ -104,10 +108,12 @@ class ServerConfig:
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            step_tokens_while_decoding=self.step_tokens_while_decoding,
             max_adapters=self.max_resident_adapters,
             max_adapters_per_batch=self.adapters_per_batch,
             adapter_turn_steps=self.adapter_turn_steps,
             enable_prefix_caching=self.enable_prefix_caching,
+            fair_scheduling=self.fair_scheduling,
             max_lora_rank=self.max_lora_rank,
             num_threads=self.num_threads,
             seed=self.seed,

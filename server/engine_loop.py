@@ -14,13 +14,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from core.errors import LoraplexError, RateLimited, ServiceUnavailable
 from server.adapters.manager import AdapterManager, TierSnapshot, Waiter
 from server.adapters.registry import KnownAdapter
 from server.engine import LLMEngine, RequestOutput
+from server.engine.tenancy import TenantLoad
 from server.memory.pool import PoolStats
 from server.metrics import ServerMetrics
 from server.tickets import Ticket, settle_future
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 1.0  # idle wake-up, for residency accounting and TTLs when nothing else happens
 RETRY_AFTER_S = 1.0
+TENANT_LOADS_S = 0.25  # how fresh the per-tenant loads in metrics and heartbeats are
 
 
 class ClientGone(LoraplexError):
@@ -50,6 +52,7 @@ class PoolView:
 
     pool: PoolStats
     tiers: TierSnapshot
+    tenants: Mapping[str, TenantLoad] = field(default_factory=dict)  # refreshed every TENANT_LOADS_S
 
 
 class EngineLoop:
@@ -85,6 +88,7 @@ class EngineLoop:
         self.failure: BaseException | None = None
         self.view = PoolView(engine.pool_stats(), TierSnapshot())  # republished every iteration
         self._prefix_counted = engine.prefix_cache_stats()  # already added to the prefix cache counters
+        self._tenants_at = -TENANT_LOADS_S
 
     # ----- any thread ----------------------------------------------------------------------------------
 
@@ -269,6 +273,8 @@ class EngineLoop:
                 ticket.params,
                 ticket.adapter_key,
                 arrival_time=ticket.arrival,
+                cache_salt=ticket.cache_salt,
+                tenancy=ticket.tenancy,
             )
         except LoraplexError as exc:
             self._drop_pending(ticket, exc)
@@ -325,7 +331,17 @@ class EngineLoop:
 
     def _publish(self) -> None:
         assert self.manager is not None
-        self.view = PoolView(self.engine.pool_stats(), self.manager.snapshot())
+        now = self.clock()
+        tenants = self.view.tenants
+        if now - self._tenants_at >= TENANT_LOADS_S:  # walks every sequence: not at every step
+            tenants, self._tenants_at = self._tenant_loads(), now
+        self.view = PoolView(self.engine.pool_stats(), self.manager.snapshot(), tenants)
+
+    def _tenant_loads(self) -> dict[str, TenantLoad]:
+        loads = self.engine.tenant_loads()
+        for ticket in self._pending:  # waiting for their adapter, before the engine has them
+            loads.setdefault(ticket.tenancy.tenant, TenantLoad()).waiting += ticket.params.n
+        return loads
 
     def _fail_all(self, error: LoraplexError) -> None:
         for ticket in list(self._pending):

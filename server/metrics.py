@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from server.engine.tenancy import TenantLoad
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
@@ -27,6 +29,7 @@ class GaugeSnapshot:
     waiting: int = 0
     pool_pages: dict[str, int] = field(default_factory=dict)  # kind: kv, kv_cached, adapter, free
     adapters_resident: dict[str, int] = field(default_factory=dict)  # tier: pool, host
+    tenants: dict[str, TenantLoad] = field(default_factory=dict)  # label -> load; bounded by the caller
 
 
 class _Gauges(Collector):
@@ -47,6 +50,16 @@ class _Gauges(Collector):
         for tier in ("pool", "host"):
             resident.add_metric([tier], snap.adapters_resident.get(tier, 0))
         yield resident
+        sequences = GaugeMetricFamily(
+            "loraplex_tenant_sequences", "Sequences per tenant, waiting or running.", labels=["tenant", "state"]
+        )
+        pages = GaugeMetricFamily("loraplex_tenant_kv_pages", "KV pages held per tenant.", labels=["tenant"])
+        for tenant, load in snap.tenants.items():
+            sequences.add_metric([tenant, "waiting"], load.waiting)
+            sequences.add_metric([tenant, "running"], load.running)
+            pages.add_metric([tenant], load.kv_pages)
+        yield sequences
+        yield pages
 
 
 class _WithoutCreated(Collector):

@@ -12,6 +12,7 @@ from core.errors import InvalidRequest
 from server.engine import LLMEngine, SamplingParams
 from server.engine.errors import PromptTooLong
 from server.engine.grammar import JSON_OBJECT_SCHEMA, canonical_schema
+from server.engine.tenancy import Priority, Tenancy
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -232,3 +233,11 @@ def response_schema(response_format: Any) -> str | None:
         raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object", param="response_format")
     # strict is always honoured: every completion that finishes with "stop" matches the schema.
     return canonical_schema(schema)
+
+
+def tenancy(body: GenerationRequest) -> Tenancy:
+    """Whose the request is (the control plane's tenant tag; none: the direct tenant) and its class."""
+    priority = Priority.BATCH if body.service_tier == "flex" else Priority.INTERACTIVE
+    if body.tenant is None:
+        return Tenancy(priority=priority)
+    return Tenancy(body.tenant.id, body.tenant.weight, priority)

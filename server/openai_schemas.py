@@ -7,19 +7,21 @@ which change nothing about the tokens generated here (docs/api.md lists them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.descriptor import AdapterDescriptor
-from core.protocol import ADAPTER_FIELD
+from core.protocol import ADAPTER_FIELD, TENANT_FIELD, TenantTag
 from server.engine.sampling_params import MAX_LOGPROBS
 
 # Accepted and ignored: bookkeeping and routing hints of OpenAI's own platform. ``parallel_tool_calls`` is here
 # because without tools (completions, or a chat request without them) it means nothing.
 IGNORED_FIELDS = (
-    "user", "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"
+    "user", "store", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"
 )  # fmt: skip
+# OpenAI's tiers; "flex" (cheaper, slower) runs in the batch class, after every interactive request.
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 
 
 class StreamOptions(BaseModel):
@@ -53,13 +55,15 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     return_token_ids: bool = False
-    # The platform's adapter descriptor, sent by the control plane (holder of the internal token) only.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # only equal salts share prefixes
+    service_tier: ServiceTier | None = None
+    # The platform's adapter descriptor and tenant, sent by the control plane (holder of the internal token) only.
     adapter: AdapterDescriptor | None = Field(default=None, alias=ADAPTER_FIELD)
+    tenant: TenantTag | None = Field(default=None, alias=TENANT_FIELD)
     # IGNORED_FIELDS: any value is accepted and none has an effect.
     user: Any = None
     store: Any = None
     metadata: Any = None
-    service_tier: Any = None
     parallel_tool_calls: Any = None
     safety_identifier: Any = None
     prompt_cache_key: Any = None

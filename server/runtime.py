@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from core.errors import LoraplexError
-from core.protocol import PoolPages, ReplicaStatus
+from core.protocol import PoolPages, ReplicaStatus, TenantLoad
 from core.storage import ObjectStore
 from server.adapters.fetch import AdapterFetcher
 from server.adapters.host_cache import HostCache
@@ -18,6 +18,7 @@ from server.adapters.registry import AdapterRegistry, KnownAdapter
 from server.adapters.sources import adapter_id_of_key
 from server.config import ServerConfig
 from server.engine import LLMEngine
+from server.engine.tenancy import TenantLoad as EngineTenantLoad
 from server.engine_loop import EngineLoop
 from server.metrics import GaugeSnapshot, ServerMetrics
 from server.replica_registry import ReplicaPublisher
@@ -89,6 +90,7 @@ class ServerRuntime:
                 "free": pool.free_pages,
             },
             adapters_resident={"pool": len(tiers.resident), "host": len(tiers.host)},
+            tenants=busiest_tenants(view.tenants),
         )
 
     def replica_status(self) -> ReplicaStatus:
@@ -114,6 +116,10 @@ class ServerRuntime:
             ),
             resident_adapters=_adapter_ids(tiers.resident),
             host_adapters=_adapter_ids(tiers.host),
+            tenants=[
+                TenantLoad(tenant=label, waiting=load.waiting, running=load.running, kv_pages=load.kv_pages)
+                for label, load in busiest_tenants(view.tenants).items()
+            ],
         )
 
     def residency(self) -> dict[str, float]:
@@ -129,6 +135,22 @@ class ServerRuntime:
         """A refused adapter stops being listed; one that failed for a transient reason (5xx) stays."""
         if error.status_code < 500:
             self.registry.discard(known)
+
+
+BUSIEST_TENANTS = 8  # tenants shown by name in metrics and heartbeats; the rest add up as "other"
+
+
+def busiest_tenants(loads: Mapping[str, EngineTenantLoad], limit: int = BUSIEST_TENANTS) -> dict[str, EngineTenantLoad]:
+    """The ``limit`` tenants with the most sequences (then pages), by label, and the rest summed as ``other``:
+    metric label sets stay bounded however many tenants a server sees."""
+    ranked = sorted(loads.items(), key=lambda item: (-(item[1].waiting + item[1].running), -item[1].kv_pages, item[0]))
+    shown = {tenant or "direct": load for tenant, load in ranked[:limit]}
+    if len(ranked) > limit:
+        rest = EngineTenantLoad()
+        for _, load in ranked[limit:]:
+            rest.add(load)
+        shown["other"] = rest
+    return shown
 
 
 def _adapter_ids(keys: Iterable[str]) -> list[str]:

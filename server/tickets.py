@@ -15,6 +15,7 @@ from core.errors import LoraplexError
 from core.protocol import RequestStats
 from server.adapters.registry import KnownAdapter
 from server.engine import RequestOutput, SamplingParams
+from server.engine.tenancy import DIRECT, Tenancy
 
 
 def settle_future(loop: asyncio.AbstractEventLoop, future: asyncio.Future, error: BaseException | None = None,
@@ -45,6 +46,8 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     admitted: asyncio.Future[None]
     outputs: asyncio.Queue[RequestOutput | LoraplexError]
+    tenancy: Tenancy = DIRECT
+    cache_salt: str | None = None
     cold_start: bool = False
     adapter_ready_at: float | None = None
     started_at: float | None = None  # start of the first engine step that produced output for it
@@ -54,11 +57,29 @@ class Ticket:
 
     @classmethod
     def create(
-        cls, request_id: str, adapter: KnownAdapter | None, prompt: list[int], params: SamplingParams, arrival: float
+        cls,
+        request_id: str,
+        adapter: KnownAdapter | None,
+        prompt: list[int],
+        params: SamplingParams,
+        arrival: float,
+        tenancy: Tenancy = DIRECT,
+        cache_salt: str | None = None,
     ) -> Ticket:
         """A ticket bound to the running event loop (call from the handler)."""
         loop = asyncio.get_running_loop()
-        return cls(request_id, adapter, prompt, params, arrival, loop, loop.create_future(), asyncio.Queue())
+        return cls(
+            request_id,
+            adapter,
+            prompt,
+            params,
+            arrival,
+            loop,
+            loop.create_future(),
+            asyncio.Queue(),
+            tenancy,
+            cache_salt,
+        )
 
     @property
     def adapter_key(self) -> str | None:

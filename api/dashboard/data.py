@@ -14,7 +14,7 @@ from api.usage.storage import stored_objects, total_held
 from core.errors import ServiceUnavailable
 from core.ids import now
 from core.models import Adapter, FineTuneJob, Tenant
-from core.protocol import ReplicaStatus
+from core.protocol import ReplicaStatus, TenantLoad
 
 DASHBOARD_DAYS = 14
 TOP_ADAPTERS = 10
@@ -28,6 +28,7 @@ class ReplicaView:
     resident: list[str]
     host: list[str]
     heartbeat_age_s: float
+    tenants: list[tuple[str, TenantLoad]] = field(default_factory=list)  # (tenant name, its load), busiest first
 
     @property
     def pool_pages(self) -> dict[str, int]:
@@ -104,12 +105,17 @@ async def gather_replicas(ctx: ApiContext, data: DashboardData) -> None:
     with ctx.reading() as session:
         rows = session.exec(select(Adapter.id, Adapter.name).where(col(Adapter.id).in_(ids))).all() if ids else []
     names = dict(rows)
+    tenant_ids = {t.tenant for r in replicas for t in r.tenants}
+    with ctx.reading() as session:
+        found = session.exec(select(Tenant.id, Tenant.name).where(col(Tenant.id).in_(tenant_ids))).all()
+    tenant_names = dict(found)
     data.replicas = [
         ReplicaView(
             status=r,
             resident=[names.get(a, a) for a in r.resident_adapters],
             host=[names.get(a, a) for a in r.host_adapters if a not in r.resident_adapters],
             heartbeat_age_s=max(0.0, time.time() - r.updated_at),
+            tenants=[(tenant_names.get(t.tenant, t.tenant), t) for t in r.tenants],
         )
         for r in replicas
     ]

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.descriptor import AdapterDescriptor
 from core.errors import InvalidRequest
-from core.protocol import ADAPTER_FIELD, STATS_FIELD
+from core.protocol import ADAPTER_FIELD, STATS_FIELD, TENANT_FIELD, TenantTag
 
-# Fields only the API may set: a client could otherwise name another tenant's adapter to the server.
-RESERVED_FIELDS = (ADAPTER_FIELD, STATS_FIELD)
+# Fields only the API may set: a client could otherwise name another tenant's adapter, or pose as it.
+RESERVED_FIELDS = (ADAPTER_FIELD, STATS_FIELD, TENANT_FIELD)
 MAX_TOKENS_WITHOUT_CONTEXT = 1 << 20  # when the base model's config does not say its context length
 
 
@@ -76,8 +76,10 @@ def check_request(body: InferenceBody, *, max_n: int, context_length: int | None
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
 
 
-def upstream_body(raw: dict[str, Any], adapter: AdapterDescriptor | None) -> tuple[dict[str, Any], bool]:
-    """The body a replica gets, and whether the client asked for the usage chunk.
+def upstream_body(
+    raw: dict[str, Any], adapter: AdapterDescriptor | None, tenant: TenantTag
+) -> tuple[dict[str, Any], bool]:
+    """The body a replica gets (tagged with its tenant), and whether the client asked for the usage chunk.
 
     Streams always ask the server for usage (metering needs it); the relay drops that chunk again when
     the client did not ask for it.
@@ -91,4 +93,5 @@ def upstream_body(raw: dict[str, Any], adapter: AdapterDescriptor | None) -> tup
         body["stream_options"] = options
     if adapter is not None:
         body[ADAPTER_FIELD] = adapter.model_dump(mode="json")
+    body[TENANT_FIELD] = tenant.model_dump(mode="json")
     return body, wants_usage

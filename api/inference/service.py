@@ -19,7 +19,7 @@ from api.inference.target import find_model
 from api.inference.upstream import Opened
 from core.ids import new_id
 from core.models import Tenant
-from core.protocol import STATS_FIELD
+from core.protocol import STATS_FIELD, TenantTag
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ async def serve_inference(
     adapter = await run_in_threadpool(find_model, ctx, tenant, body.model)
     await ctx.limits.admit(tenant)
     raw: dict[str, Any] = await request.json()  # the body as sent (schema defaults are not added)
-    forwarded, wants_usage = upstream_body(raw, adapter.descriptor() if adapter else None)
+    tag = TenantTag(id=tenant.id, weight=tenant.scheduling_weight or 1.0)
+    forwarded, wants_usage = upstream_body(raw, adapter.descriptor() if adapter else None, tag)
     request_id = new_id("req")
     meter = InferenceMeter(
         tenant=tenant, model=body.model, adapter_id=adapter.id if adapter else None, request_id=request_id

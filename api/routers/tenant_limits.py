@@ -1,4 +1,5 @@
-"""``/admin/tenants/{tenant}/limits``: a tenant's own rate limits, overriding the platform defaults."""
+"""``/admin/tenants/{tenant}/limits``: a tenant's own rate limits, overriding the platform defaults, and its
+weight when inference servers are busy."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ class LimitsUpdate(BaseModel):
 
     requests_per_minute: int | None = Field(default=None, ge=0, le=PER_MINUTE_MAX)
     tokens_per_minute: int | None = Field(default=None, ge=0, le=PER_MINUTE_MAX)
+    scheduling_weight: float | None = Field(
+        default=None, gt=0, le=1000, description="Share of a busy inference server relative to other tenants; null: 1."
+    )
 
 
 class LimitsObject(BaseModel):
@@ -31,6 +35,8 @@ class LimitsObject(BaseModel):
     tokens_per_minute: int | None
     effective_requests_per_minute: int = Field(description="The limit in force (0: none).")
     effective_tokens_per_minute: int
+    scheduling_weight: float | None
+    effective_scheduling_weight: float
 
     @classmethod
     def of(cls, tenant: Tenant, ctx: Context) -> LimitsObject:
@@ -41,6 +47,8 @@ class LimitsObject(BaseModel):
             tokens_per_minute=tenant.tokens_per_minute,
             effective_requests_per_minute=effective.requests_per_minute,
             effective_tokens_per_minute=effective.tokens_per_minute,
+            scheduling_weight=tenant.scheduling_weight,
+            effective_scheduling_weight=tenant.scheduling_weight or 1.0,
         )
 
 
@@ -53,10 +61,11 @@ def get_limits(tenant: str, ctx: Context) -> LimitsObject:
 
 @router.put("/{tenant}/limits", response_model=LimitsObject, summary="Set a tenant's rate limits")
 def set_limits(tenant: str, body: LimitsUpdate, ctx: Context) -> LimitsObject:
-    """Replace the tenant's own limits (both fields; null: the platform default). Applies to its next request."""
+    """Replace the tenant's own limits (every field; null: the default). Applies to its next request."""
     with ctx.session() as session:
         row = get_tenant(session, tenant)
         row.requests_per_minute = body.requests_per_minute
         row.tokens_per_minute = body.tokens_per_minute
+        row.scheduling_weight = body.scheduling_weight
         session.add(row)
         return LimitsObject.of(row, ctx)

@@ -135,6 +135,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         config.max_num_seqs,
         config.enable_chunked_prefill,
         AdapterTurns(config.max_adapters_per_batch or config.max_adapters, config.adapter_turn_steps),
+        fcfs=not config.fair_scheduling,
+        step_tokens_while_decoding=config.step_tokens_while_decoding,
     )
     buffers = StepBuffers(
         config.max_num_batched_tokens, config.max_num_seqs, blocks_for(max_model_len, config.block_size), device

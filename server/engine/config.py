@@ -24,7 +24,11 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    # While any sequence decodes, a step computes at most this many tokens: decodes first, prefill chunks get the
+    # rest (at least a page). Keeps inter-token latency steady under long prompts; None: max_num_batched_tokens.
+    step_tokens_while_decoding: int | None = 256
     enable_prefix_caching: bool = True  # reuse full KV pages of equal prefixes under the same adapter
+    fair_scheduling: bool = True  # admit by priority class, then weighted fair share of tokens per tenant; off: FCFS
     max_adapters: int = 32  # adapter slots resident at once
     max_adapters_per_batch: int | None = None  # distinct adapters running at once; None: max_adapters
     adapter_turn_steps: int = 64  # steps an adapter keeps admitting while another waits for the per-batch cap
@@ -49,6 +53,8 @@ class EngineConfig:
             raise ConfigError("EngineConfig.max_model_len must be >= 2")
         if self.max_adapters_per_batch is not None and self.max_adapters_per_batch < 1:
             raise ConfigError("EngineConfig.max_adapters_per_batch must be >= 1")
+        if self.step_tokens_while_decoding is not None and self.step_tokens_while_decoding < 1:
+            raise ConfigError("EngineConfig.step_tokens_while_decoding must be >= 1")
         for name in (
             "max_num_seqs",
             "max_num_batched_tokens",

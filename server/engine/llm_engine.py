@@ -22,6 +22,7 @@ from server.engine.grammar import GrammarCache, advance
 from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput, TokenLogprob
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Sequence
+from server.engine.tenancy import DIRECT, Tenancy, TenantLoad
 from server.memory.block_manager import blocks_for
 from server.memory.page_keys import BASE_IDENTITY
 from server.memory.pool import PoolStats
@@ -85,9 +86,11 @@ class LLMEngine:
         adapter: str | None = None,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        tenancy: Tenancy = DIRECT,
     ) -> None:
-        """Validate and queue a request; it starts in the next :meth:`step`. Requests share cached KV pages only
-        with requests of the same adapter weights and the same ``cache_salt`` (e.g. a tenant id)."""
+        """Validate and queue a request; it starts in the next :meth:`step`, when the scheduler's fair order
+        reaches it (``tenancy``: its tenant, weight and class). Requests share cached KV pages only with
+        requests of the same adapter weights, the same tenant and the same ``cache_salt``."""
         params = params or SamplingParams()
         token_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
@@ -118,6 +121,8 @@ class LLMEngine:
         resident = self.adapters.acquire(adapter) if adapter is not None else None
         slot = resident.slot if resident is not None else NO_ADAPTER
         owner = resident.identity if resident is not None else BASE_IDENTITY
+        # A tenant's pages are its own: sharing them would let one tenant time another's prompts.
+        salt = cache_salt if not tenancy.tenant else f"{tenancy.tenant}\x00{cache_salt or ''}"
         request = _Request(request_id, adapter, token_ids, params, arrival_time or time.monotonic())
         self._requests[request_id] = request
         for index in range(params.n):
@@ -126,7 +131,8 @@ class LLMEngine:
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
             seq = Sequence(self._next_seq_id, request_id, index, token_ids, params, slot, detok)
             seq.matcher = matchers[index] if matchers else None
-            seq.cache_owner, seq.cache_salt = owner, cache_salt
+            seq.cache_owner, seq.cache_salt = owner, salt
+            seq.tenancy = tenancy
             self._next_seq_id += 1
             request.seqs.append(seq)
             self.scheduler.add(seq)
@@ -151,6 +157,17 @@ class LLMEngine:
     def kv_starved(self) -> bool:
         """Whether the last step lacked KV pages (it preempted, or the next admission cannot get its pages)."""
         return self.scheduler.kv_starved()
+
+    def tenant_loads(self) -> dict[str, TenantLoad]:
+        """Per tenant: sequences waiting for and running in the engine, and the KV pages they hold."""
+        loads: dict[str, TenantLoad] = {}
+        for seq in self.scheduler.waiting:
+            loads.setdefault(seq.tenancy.tenant, TenantLoad()).waiting += 1
+        for seq in self.scheduler.running:
+            load = loads.setdefault(seq.tenancy.tenant, TenantLoad())
+            load.running += 1
+            load.kv_pages += len(seq.block_table)
+        return loads
 
     @property
     def num_preemptions(self) -> int:

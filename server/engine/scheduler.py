@@ -7,17 +7,20 @@ front of the waiting queue, to be recomputed from its prompt plus what it alread
 caching, a sequence starts after the cached pages holding a prefix of its tokens (a preempted one usually
 finds its own full pages still cached), and its chunks count only the tokens after them.
 
-Admission is FCFS with two exceptions, both policy kept here: a sequence whose adapter must wait for a
-seat in the batch is passed over (:mod:`server.engine.adapter_turns`), and while an adapter placement
-waits for pages nothing new starts beside running sequences, so their pages come free.
+Admission follows :class:`~server.engine.fair_queue.FairQueue` (priority classes, then weighted fair
+queuing over tenants by computed tokens; FCFS behind a flag) with two exceptions, both policy kept here:
+a sequence whose adapter must wait for a seat in the batch is passed over
+(:mod:`server.engine.adapter_turns`), and while an adapter placement waits for pages nothing new starts
+beside running sequences, so their pages come free.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from server.engine.adapter_turns import AdapterTurns
+from server.engine.fair_queue import FairQueue
 from server.engine.sequence import Sequence, SequenceStatus
 from server.memory.block_manager import BlockManager
 
@@ -51,7 +54,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """FCFS admission, budgeted steps, LIFO preemption, adapters taking turns. Pure bookkeeping: no tensors."""
+    """Fair admission, budgeted steps, LIFO preemption, adapters taking turns. Pure bookkeeping: no tensors."""
 
     def __init__(
         self,
@@ -60,20 +63,24 @@ class Scheduler:
         max_num_seqs: int,
         enable_chunked_prefill: bool = True,
         turns: AdapterTurns | None = None,
+        fcfs: bool = False,
+        step_tokens_while_decoding: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Tokens per step while some sequence decodes (decodes first; prefill chunks get the rest, at least a page).
+        self.step_tokens_while_decoding = step_tokens_while_decoding or max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.enable_chunked_prefill = enable_chunked_prefill
         self.turns = turns or AdapterTurns(max_adapters_per_batch=1 << 30, turn_steps=1)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue(fcfs=fcfs)
         self.running: list[Sequence] = []  # in admission order; the last one is preempted first
         self.num_preemptions = 0
         self.hold_admissions = False  # set while an adapter placement waits for pages held by running work
         self._preempted_last_step = False
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -84,7 +91,8 @@ class Scheduler:
             return True
         if not self.waiting:
             return False
-        head = self.waiting[0]
+        head = self.waiting.head()
+        assert head is not None
         cached = self.block_manager.cached_prefix(head)
         start = len(cached) * self.block_manager.block_size
         chunk = min(head.num_tokens - start, self.max_num_batched_tokens)
@@ -92,64 +100,128 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Drop a sequence (finished or aborted) and free its pages."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
         if seq in self.running:
             self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        self.waiting.discard(seq)
         self.block_manager.free(seq.block_table)
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's sequences and how many tokens of each to compute; reserve their pages."""
-        budget = self.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
         turns = self.turns
         waiting_slots = [s.adapter_slot for s in self.waiting] if turns.needs_waiting_slots() else ()
         turns.begin_step((s.adapter_slot for s in self.running), waiting_slots)
+        held = self.hold_admissions and bool(self.running)
+        reserved = 0  # prefill tokens kept for a newcomer's first chunk, ahead of running prefills
+        if self.waiting and not held and not self.waiting.fcfs:
+            reserved = self._make_room_for_fair_share(out)
+        made_room = len(out.preempted)
 
+        budget = self.max_num_batched_tokens
+        # While anything decodes, prefill chunks get what is left of a smaller step, so decodes keep their pace.
+        decoding = sum(1 for s in self.running if s.num_uncomputed_tokens == 1)
+        prefill = budget
+        if decoding and self.enable_chunked_prefill:
+            prefill = max(self.block_manager.block_size, self.step_tokens_while_decoding - decoding)
+        if not decoding:
+            reserved = 0
+        # While others decode, a quiet tenant's first chunk goes first and alone: the step that answers its first
+        # token stays short. Running prefills wait that one step.
+        reserved, prefill = (min(reserved, prefill), 0) if reserved else (0, prefill)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            uncomputed = seq.num_uncomputed_tokens
+            num_new = min(uncomputed, budget) if uncomputed == 1 else min(uncomputed, budget, prefill)
+            if num_new == 0:
+                index += 1  # a prefill with no chunk left this step: it waits for the next one
+                continue
             if not self._reserve(seq, num_new, out):
                 continue  # ``seq`` left the running list: the next one is now at ``index``
             out.scheduled.append(ScheduledSequence(seq, num_new))
+            self.waiting.charge(seq, num_new)
             budget -= num_new
+            if uncomputed > 1:
+                prefill -= num_new
             index += 1
 
-        # Admit waiting sequences only in steps that preempted nothing: pages are scarce otherwise.
-        held = self.hold_admissions and bool(self.running)
-        passed_over: list[Sequence] = []  # their adapter waits for its turn; they keep their place in the queue
-        while self.waiting and budget > 0 and not held and not out.preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        prefill += reserved
+        # Admit waiting sequences only in steps that preempted nothing for pages: they are scarce otherwise.
+        starved = len(out.preempted) > made_room
+        candidates = self.waiting.candidates() if not held and not starved else iter(())
+        for seq in candidates:
+            if min(budget, prefill) <= 0 or len(self.running) >= self.max_num_seqs:
+                break
             if not turns.may_start(seq.adapter_slot):
-                passed_over.append(self.waiting.popleft())
-                continue
+                continue  # its adapter waits for its turn; the sequence keeps its place in the queue
             cached = self.block_manager.cached_prefix(seq)  # pages already holding a prefix: not recomputed
             start = len(cached) * self.block_manager.block_size
             remaining = seq.num_tokens - start
-            num_new = min(remaining, budget)
+            num_new = min(remaining, budget, prefill)
             if num_new < remaining and not self.enable_chunked_prefill:
                 break
             alone = not self.running
             if not self.block_manager.can_admit(seq, cached, start + num_new, admitting=not alone):
                 if alone:  # even an empty pool cannot hold this chunk
-                    out.too_long.append(self.waiting.popleft())
+                    self.waiting.take(seq)
+                    out.too_long.append(seq)
                     continue
                 break
-            self.waiting.popleft()
+            self.waiting.take(seq)
             self.block_manager.admit(seq, cached, start + num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             turns.started(seq.adapter_slot)
             out.scheduled.append(ScheduledSequence(seq, num_new))
+            self.waiting.charge(seq, num_new)  # before the next candidate is chosen
             budget -= num_new
-        self.waiting.extendleft(reversed(passed_over))
-        self._preempted_last_step = bool(out.preempted)
+            prefill -= num_new
+        self._preempted_last_step = starved
 
         # Stable sort: adapter slot order, FCFS within an adapter.
         out.scheduled.sort(key=lambda s: s.seq.adapter_slot)
         return out
+
+    def _make_room_for_fair_share(self, out: SchedulerOutput) -> int:
+        """While other tenants wait, nobody keeps more than its share. If the next sequence to start belongs to a
+        tenant below its share of seats, it starts this step: when seats or KV pages are short, the latest
+        sequence of the tenant furthest above its share is preempted (its full pages stay cached: resuming is
+        cheap). Returns the size of its first chunk if its tenant has nothing running (then that chunk goes
+        before running prefills), else 0."""
+        head = self.waiting.head()
+        if head is None or not self.turns.may_start(head.adapter_slot):
+            return 0
+        tenant = head.tenancy.tenant
+        seats: Counter[str] = Counter(s.tenancy.tenant for s in self.running)
+        seat_share = self.waiting.seat_shares(self.max_num_seqs)
+        if seats[tenant] + 1 > seat_share[tenant]:
+            return 0  # starting it would put its tenant above its share: it waits its turn like anyone
+        manager = self.block_manager
+        cached = manager.cached_prefix(head)
+        start = len(cached) * manager.block_size
+        chunk = min(head.num_tokens - start, self.max_num_batched_tokens)
+        while True:
+            seats_full = len(self.running) >= self.max_num_seqs
+            if not seats_full and manager.can_admit(head, cached, start + chunk, admitting=True):
+                return chunk if not seats[tenant] else 0  # a tenant with nothing running: its TTFT is at stake
+            if seats_full:
+                held, share = seats, seat_share
+            else:
+                held = Counter()
+                for s in self.running:
+                    held[s.tenancy.tenant] += len(s.block_table)
+                share = self.waiting.seat_shares(sum(held.values()))
+            above = [(held[t] / share[t], t) for t in held if t != tenant and held[t] > share[t]]
+            if not above:
+                return 0
+            _, greedy = max(above)
+            victim = next(s for s in reversed(self.running) if s.tenancy.tenant == greedy)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            seats[greedy] -= 1
 
     def _reserve(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Grow ``seq``'s block table, preempting the latest-admitted unscheduled sequences if needed."""
@@ -176,4 +248,4 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.requeue(seq)

@@ -10,6 +10,7 @@ from server.engine.detokenizer import IncrementalDetokenizer, StopStringFilter
 from server.engine.outputs import FinishReason, TokenLogprob
 from server.engine.penalties import TokenCounts
 from server.engine.sampling_params import SamplingParams
+from server.engine.tenancy import DIRECT, Tenancy
 from server.memory.page_keys import BASE_IDENTITY
 
 
@@ -39,6 +40,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.adapter_slot = adapter_slot
+        self.tenancy: Tenancy = DIRECT  # set by the engine from the request
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []

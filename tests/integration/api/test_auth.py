@@ -87,3 +87,21 @@ def test_tenants_are_created_once_and_listed(admin: httpx.Client, tenant: Tenant
     assert tenant.id in {t["id"] for t in listed["data"]}
     assert admin.get(f"/admin/tenants/{tenant.name}").json()["id"] == tenant.id
     assert admin.get("/admin/tenants/no-such-tenant").status_code == 404
+
+
+def test_a_tenants_limits_and_scheduling_weight_are_set_by_admins_only(
+    admin: httpx.Client, tenant: TenantHandle
+) -> None:
+    path = f"/admin/tenants/{tenant.id}/limits"
+    default = admin.get(path).json()
+    assert default["scheduling_weight"] is None and default["effective_scheduling_weight"] == 1.0
+    update = {"requests_per_minute": 120, "tokens_per_minute": None, "scheduling_weight": 2.5}
+    set_ = admin.put(path, json=update).json()
+    assert (set_["scheduling_weight"], set_["effective_scheduling_weight"]) == (2.5, 2.5)
+    assert set_["requests_per_minute"] == 120
+    assert admin.get(path).json() == set_
+    bad = admin.put(path, json={**update, "scheduling_weight": 0})
+    assert bad.status_code == 400 and "scheduling_weight" in bad.text
+    with tenant.http() as http:
+        assert http.put(path, json={**update, "scheduling_weight": 1000}).status_code == 403
+    assert admin.get(path).json()["scheduling_weight"] == 2.5

@@ -93,14 +93,14 @@ class Deployment:
         headers = {"Authorization": f"Bearer {self.settings.admin_key.get_secret_value()}"}
         return httpx.Client(base_url=self.api.url, headers=headers, timeout=60)
 
-    def make_tenant(self, **limits: int | None) -> TenantHandle:
-        """A new tenant; ``limits`` (requests_per_minute, tokens_per_minute) set its own rate limits."""
+    def make_tenant(self, **limits: float | None) -> TenantHandle:
+        """A new tenant; ``limits`` (requests_per_minute, tokens_per_minute, scheduling_weight) set its own."""
         with self.admin() as admin:
             created = admin.post("/admin/tenants", json={"name": f"t-{uuid.uuid4().hex[:12]}"})
             assert created.status_code == 201, created.text
             body = created.json()
             if limits:
-                update = {"requests_per_minute": None, "tokens_per_minute": None, **limits}
+                update = {"requests_per_minute": None, "tokens_per_minute": None, "scheduling_weight": None, **limits}
                 assert admin.put(f"/admin/tenants/{body['id']}/limits", json=update).status_code == 200
         return TenantHandle(body["id"], body["name"], body["api_key"]["key"], self.api.url)
 

@@ -3,6 +3,8 @@ and the charts are there, in the DOM and on the screenshot."""
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
 
 import httpx
@@ -78,3 +80,42 @@ def test_signing_in_with_the_form_sets_an_httponly_cookie(serving: Deployment) -
         assert csv_export.status_code == 200
         browser.post("/admin/logout")
         assert browser.get("/admin").status_code == 401
+
+
+def test_the_replica_panel_shows_each_busy_tenants_load(serving: Deployment) -> None:
+    """A tenant with requests in flight appears, by name, in its replica's heartbeat and on the panel; only
+    admins see it (tenants have no route to the panel or to another tenant's queue)."""
+    busy = serving.make_tenant()
+    stop = threading.Event()
+
+    def keep_busy() -> None:  # long answers one after another, so a heartbeat is sure to catch one running
+        client = busy.openai()
+        while not stop.is_set():
+            client.completions.create(
+                model=serving.base_model, prompt="go", max_tokens=1500, extra_body={"ignore_eos": True}
+            )
+
+    worker = threading.Thread(target=keep_busy, daemon=True)
+    worker.start()
+    try:
+        loads = serving.wait_until(
+            lambda: [t for s in serving.heartbeats().values() for t in s.tenants if t.tenant == busy.id and t.running],
+            "the busy tenant running in a heartbeat",
+        )
+        assert loads[0].running == 1 and loads[0].kv_pages >= 1
+        key = serving.settings.admin_key.get_secret_value() if serving.settings.admin_key else ""
+        with httpx.Client(base_url=serving.api.url) as browser:
+            assert browser.post("/admin/login", data={"key": key}).status_code == 303
+
+            def panel() -> str | None:
+                text = browser.get("/admin").text
+                return text if f'data-tenant="{busy.name}"' in text else None
+
+            page = serving.wait_until(panel, "the busy tenant on the replica panel")
+        assert re.search(rf'data-tenant="{busy.name}">{busy.name} \(running 1, waiting 0, \d+ KV pages\)', page)
+        with busy.http() as http:
+            assert http.get("/admin").status_code in (401, 403)
+            assert http.get("/admin/usage").status_code in (401, 403)
+    finally:
+        stop.set()
+        worker.join(timeout=60)

@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from core.protocol import STATS_FIELD
+from tests.integration.api.conftest import TenantHandle
 from tests.integration.api_inference.deployment import Deployment
 from tests.integration.api_inference.serving import TrainedAdapter
 
@@ -118,6 +119,26 @@ def test_a_descriptor_smuggled_in_the_body_is_ignored(serving: Deployment, train
     assert response.status_code == 200, response.text
     [record] = serving.usage_records(intruder.id)
     assert record.adapter_id is None  # served on the base model
+
+
+def test_one_tenants_prompts_are_never_another_tenants_cache_hits(serving: Deployment) -> None:
+    """The server keeps each tenant's prefix cache apart (a hit would time another tenant's prompt), even when a
+    client smuggles another tenant's tag into the body."""
+    owner, other, poser = serving.make_tenant(), serving.make_tenant(), serving.make_tenant()
+    prompt = "A system prompt two tenants happen to share, long enough for several full pages. " * 2
+
+    def cached(caller: TenantHandle, extra_body: dict | None = None) -> int:
+        usage = (
+            caller.openai()
+            .completions.create(model=serving.base_model, prompt=prompt, max_tokens=1, extra_body=extra_body)
+            .usage
+        )
+        return usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+
+    assert cached(owner) == 0
+    assert cached(owner) >= 16  # its own second request hits
+    assert cached(other) == 0
+    assert cached(poser, {"tenant": {"id": owner.id}}) == 0  # the API replaced the tag with the poser's own
 
 
 @pytest.mark.parametrize(

@@ -339,6 +339,7 @@ def test_metrics_expose_exactly_the_documented_names(server):
         "loraplex_inter_token_latency_seconds", "loraplex_e2e_request_latency_seconds",
         "loraplex_prompt_tokens_total", "loraplex_generation_tokens_total",
         "loraplex_prefix_cache_queries_total", "loraplex_prefix_cache_hits_total",
+        "loraplex_tenant_sequences", "loraplex_tenant_kv_pages",
     }  # fmt: skip
     assert metrics.value("loraplex_adapter_loads_total", tier="local") >= 1
     assert metrics.value("loraplex_time_to_first_token_seconds_count") >= 1
@@ -673,3 +674,38 @@ def test_bad_tool_fields_are_400s_naming_them(tool_server, base_name, extra, par
     with tool_server.http() as http:
         refused = http.post("/v1/completions", json={"model": base_name, "prompt": PROMPT, "tools": [WEATHER_TOOL]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+def test_tenants_and_cache_salts_keep_prefix_caches_apart(server, base_name):
+    """Only requests of the same tenant (the control plane's tag; none: the direct tenant) and the same
+    cache_salt share cached pages; service_tier "flex" runs in the batch class, answering the same tokens."""
+    client, prompt = server.client(), "Shared between callers who must not see each other: " + "padding words, " * 6
+
+    def cached(**extra: object) -> int:
+        body = {"ignore_eos": True, **extra}
+        usage = client.completions.create(model=base_name, prompt=prompt, max_tokens=1, extra_body=body).usage
+        return usage.prompt_tokens_details.cached_tokens
+
+    assert cached() == 0 and cached() >= 32
+    assert cached(tenant={"id": "t-1"}) == 0 and cached(tenant={"id": "t-1", "weight": 3}) >= 32
+    assert cached(tenant={"id": "t-2"}) == 0
+    assert cached(cache_salt="s") == 0 and cached(cache_salt="s") >= 32 and cached(cache_salt="other") == 0
+    assert cached(tenant={"id": "t-1"}, cache_salt="s") == 0
+    args = dict(model=base_name, prompt=PROMPT, max_tokens=4, temperature=0)
+    flex = client.completions.create(**args, extra_body={"service_tier": "flex"}).choices[0].text
+    assert flex == client.completions.create(**args).choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"service_tier": "fast"}, "service_tier"),
+        ({"tenant": {"id": ""}}, "tenant"),
+        ({"cache_salt": ""}, "cache_salt"),
+    ],
+)
+def test_bad_tenancy_fields_are_400s_naming_them(server, base_name, extra, param):
+    with server.http() as http:
+        response = http.post("/v1/completions", json={"model": base_name, "prompt": PROMPT, "max_tokens": 1, **extra})
+    assert response.status_code == 400, response.text
+    assert param in response.text

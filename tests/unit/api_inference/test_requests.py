@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from api.inference.requests import ChatCompletionBody, CompletionBody, check_request, upstream_body
 from core.descriptor import AdapterDescriptor
 from core.errors import InvalidRequest
-from core.protocol import ADAPTER_FIELD, STATS_FIELD
+from core.protocol import ADAPTER_FIELD, STATS_FIELD, TENANT_FIELD, TenantTag
 
 DESCRIPTOR = AdapterDescriptor(
     id="adapter-1",
@@ -21,6 +21,7 @@ DESCRIPTOR = AdapterDescriptor(
     config_sha256="b",
     rank=4,
 )
+TAG = TenantTag(id="tenant-1", weight=2.0)
 
 
 @pytest.mark.parametrize(
@@ -80,9 +81,11 @@ def test_client_supplied_descriptors_are_replaced_and_streams_always_ask_for_usa
         "temperature": 0.5,
         ADAPTER_FIELD: {"id": "someone-elses"},
         STATS_FIELD: {"gpu_seconds": 0},
+        TENANT_FIELD: {"id": "someone-else", "weight": 1000},
     }
-    body, wants_usage = upstream_body(raw, DESCRIPTOR)
+    body, wants_usage = upstream_body(raw, DESCRIPTOR, TAG)
     assert body[ADAPTER_FIELD] == DESCRIPTOR.model_dump(mode="json")
+    assert body[TENANT_FIELD] == {"id": "tenant-1", "weight": 2.0}  # a client cannot pose as another tenant
     assert STATS_FIELD not in body
     assert body["stream_options"] == {"include_usage": True}
     assert body["temperature"] == 0.5 and not wants_usage
@@ -93,9 +96,10 @@ def test_base_model_requests_carry_no_descriptor() -> None:
     body, wants_usage = upstream_body(
         {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}, ADAPTER_FIELD: {}},
         None,
+        TAG,
     )
     assert ADAPTER_FIELD not in body and wants_usage
-    body, _ = upstream_body({"model": "m", "prompt": "x"}, None)
+    body, _ = upstream_body({"model": "m", "prompt": "x"}, None, TAG)
     assert "stream_options" not in body
 
 
@@ -108,7 +112,7 @@ def test_response_format_reaches_the_replica_unchanged() -> None:
     ):
         model = ChatCompletionBody if "messages" in raw else CompletionBody
         assert model.model_validate(raw).model_dump()["response_format"] == raw["response_format"]  # allowed as is
-        body, _ = upstream_body(raw, DESCRIPTOR)
+        body, _ = upstream_body(raw, DESCRIPTOR, TAG)
         assert json.dumps(body["response_format"]) == json.dumps(raw["response_format"])  # key order too
 
 
@@ -121,5 +125,5 @@ def test_sampling_knobs_and_unknown_fields_reach_the_replica_unchanged() -> None
     for raw in ({"model": "m", "prompt": "hi", **knobs}, {"model": "m", "messages": [{"role": "user"}], **knobs}):
         model = ChatCompletionBody if "messages" in raw else CompletionBody
         model.model_validate(raw)
-        body, _ = upstream_body(raw, None)
+        body, _ = upstream_body(raw, None, TAG)
         assert {key: body[key] for key in knobs} == knobs

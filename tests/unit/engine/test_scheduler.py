@@ -3,8 +3,6 @@ adapters taking turns under the per-batch cap, KV starvation and held admissions
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
 from loraplex_kernels import KVGeometry
@@ -113,7 +111,7 @@ def test_preemption_takes_the_latest_admitted_first_and_resumes_it_with_its_toke
         finish_step(out)
     # Sequence 2 was admitted last, so it is the one preempted, and it waits at the front of the queue.
     assert seqs[1].num_preemptions == 1 and seqs[0].num_preemptions == 0
-    assert scheduler.waiting[0] is seqs[1] and seqs[1].num_computed_tokens == 0 and not seqs[1].block_table
+    assert scheduler.waiting.head() is seqs[1] and seqs[1].num_computed_tokens == 0 and not seqs[1].block_table
     kept = list(seqs[1].token_ids)
     assert len(kept) > 30  # what it generated survives preemption
     # Finish sequence 0: the preempted one comes back, recomputing prompt + generated tokens at once.
@@ -185,7 +183,7 @@ def test_a_waiting_adapter_gets_its_turn_within_a_bounded_number_of_steps():
     assert 2 < first_run[1] <= turn_steps + output_len + 1
     assert all(len(slots - {-1}) <= 1 for slots in by_step)  # never two adapters in one batch
     # Adapter 1's one request done, adapter 0 takes the seat back: its requests waited, none was lost.
-    assert 0 in by_step[-1] and not any(s.adapter_slot == 1 for s in scheduler.waiting + deque(scheduler.running))
+    assert 0 in by_step[-1] and not any(s.adapter_slot == 1 for s in [*scheduler.waiting, *scheduler.running])
 
 
 def test_without_turns_a_busy_adapter_keeps_the_only_seat():
@@ -247,3 +245,22 @@ def test_held_admissions_start_nothing_beside_running_work():
     assert plan(scheduler.schedule()) == [(0, 1)]  # held while sequence 0 runs
     scheduler.hold_admissions = False
     assert (1, 4) in plan(scheduler.schedule())
+
+
+def test_while_sequences_decode_prefill_chunks_get_what_is_left_of_a_smaller_step():
+    pool = PagePool(GEOMETRY, 256, torch.float32, "cpu")
+    scheduler = Scheduler(BlockManager(pool, 16, 0), 256, 64, step_tokens_while_decoding=40)
+    decoders = [make_seq(i, 4) for i in range(8)]
+    for seq in decoders:
+        scheduler.add(seq)
+    finish_step(scheduler.schedule())  # nothing decodes yet: the prompts take what they need
+    scheduler.add(make_seq(100, 200))
+    out = scheduler.schedule()
+    assert plan(out)[:8] == [(i, 1) for i in range(8)] and plan(out)[8] == (100, 32)  # 40 - 8 decodes
+    finish_step(out)
+    assert plan(scheduler.schedule())[8] == (100, 32)  # and again, while they decode
+    many = [make_seq(200 + i, 4) for i in range(40)]
+    for seq in many:
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert sum(n for _, n in plan(out)) <= 8 + 16 + 16  # beyond the step, at least a page of prefill
