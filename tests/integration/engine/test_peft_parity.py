@@ -9,6 +9,7 @@ import torch
 
 from core.adapter_format import inspect_adapter, load_adapter_weights
 from server.engine import SamplingParams
+from server.engine.tenancy import Priority, Tenancy
 from server.memory.block_manager import blocks_for
 from server.offline import LLM
 from tests.integration.engine.models import ALL_PROJECTIONS, hf_config, save_adapter, save_model
@@ -110,6 +111,30 @@ def test_parity_holds_when_requests_are_preempted_and_resumed(case):
     assert llm.engine.num_preemptions > 0
     assert got == expected
     stats = llm.engine.pool_stats()
+    assert stats.kv_pages == 0 and stats.free_pages + stats.kv_cached_pages == stats.total_pages - stats.adapter_pages
+
+
+def test_parity_holds_under_fair_scheduling_across_tenants(case):
+    """Tenants with weights and classes, a flood that holds every seat until quieter tenants take their share
+    (fairness preemptions), short steps while decoding: the same greedy tokens as PEFT, and the pool ends empty."""
+    base, dirs, requests, expected = case
+    llm = LLM(base, pool_bytes=16 << 20, max_lora_rank=32, max_num_seqs=4, step_tokens_while_decoding=24)
+    for name, path in dirs.items():
+        llm.load_adapter(name, path)
+    engine, params = llm.engine, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    tenancies = [Tenancy("flood")] * 8 + [Tenancy("t1", 2.0), Tenancy("t2", 0.5, Priority.BATCH), Tenancy("t3")] * 5
+    got: dict[str, list[int]] = {}
+    for i, ((prompt, adapter), tenancy) in enumerate(zip(requests, tenancies[: len(requests)], strict=True)):
+        engine.add_request(str(i), prompt, params, adapter, tenancy=tenancy)
+        if i == 7:
+            engine.step()  # the flood takes every seat first
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out.outputs[0].token_ids
+    assert [got[str(i)] for i in range(len(requests))] == expected
+    assert engine.num_preemptions > 0
+    stats = engine.pool_stats()
     assert stats.kv_pages == 0 and stats.free_pages + stats.kv_cached_pages == stats.total_pages - stats.adapter_pages
 
 
