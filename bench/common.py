@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,8 @@ def load_peft(
     for name, path in zip(names[1:], adapter_dirs[1:], strict=True):
         model.load_adapter(path, adapter_name=name)
     return model.eval()
+
+
+def pct(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (inclusive method; the one value when there is only one)."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]

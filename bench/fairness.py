@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
-from bench.common import make_adapters
+from bench.common import make_adapters, pct
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine import SamplingParams
 from server.engine.tenancy import Tenancy
@@ -94,10 +94,6 @@ def run(llm: LLM, seconds: float, flood: int, interval: float | None, seed: int)
     while engine.has_unfinished_requests():
         engine.step()
     return b_ttfts, a_tokens / elapsed
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def main() -> None:

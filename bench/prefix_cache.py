@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
-from bench.common import make_adapters
+from bench.common import make_adapters, pct
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine import SamplingParams
 from server.offline import LLM
@@ -84,10 +83,6 @@ def closed_loop(llm: LLM, requests: list[Request], concurrency: int) -> tuple[fl
                 if queue:
                     submit()
     return time.perf_counter() - start, ttfts, tokens
-
-
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def main() -> None:
