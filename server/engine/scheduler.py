@@ -224,10 +224,10 @@ class Scheduler:
             seats[greedy] -= 1
 
     def _reserve(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        """Grow ``seq``'s block table, preempting the latest-admitted unscheduled sequences if needed."""
+        """Grow ``seq``'s block table, preempting unscheduled sequences (:meth:`_victim`) if needed."""
         total = seq.num_computed_tokens + num_new
         while not self.block_manager.can_grow(seq.block_table, total):
-            victim = self.running[-1]  # never one scheduled earlier this step: those precede ``seq``
+            victim = self._victim(seq)
             if victim is seq and len(self.running) == 1:
                 self.running.remove(seq)
                 self.block_manager.free(seq.block_table)
@@ -240,6 +240,23 @@ class Scheduler:
         self.block_manager.grow(seq.block_table, total)
         self.block_manager.publish(seq, total)
         return True
+
+    def _victim(self, seq: Sequence) -> Sequence:
+        """Who gives up its pages so ``seq`` can grow: never one scheduled earlier this step (those precede
+        ``seq``). The latest sequence of the tenant furthest above its share of KV pages, if a tenant is
+        above it; otherwise (and under FCFS) the latest admitted."""
+        unscheduled = self.running[self.running.index(seq) :]
+        if self.waiting.fcfs or len({s.tenancy.tenant for s in unscheduled}) < 2:
+            return self.running[-1]
+        held: Counter[str] = Counter()
+        for s in self.running:
+            held[s.tenancy.tenant] += len(s.block_table)
+        share = self.waiting.seat_shares(sum(held.values()))
+        above = {s.tenancy.tenant for s in unscheduled if held[s.tenancy.tenant] > share[s.tenancy.tenant]}
+        if not above:
+            return self.running[-1]
+        greedy = max(above, key=lambda t: held[t] / share[t])
+        return next(s for s in reversed(unscheduled) if s.tenancy.tenant == greedy)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -192,3 +192,24 @@ def test_a_quiet_tenants_first_chunk_runs_beside_decodes_only():
     planned = {item.seq.seq_id: item.num_new_tokens for item in out.scheduled}
     assert planned == {**{s.seq_id: 1 for s in busy}, quiet.seq_id: 20}
     assert long_prompt.status is SequenceStatus.RUNNING  # it resumes its chunks next step
+
+
+def test_when_pages_run_out_the_tenant_above_its_share_of_pages_gives_them_up():
+    """Not the latest-admitted sequence (LIFO) but the latest of the tenant holding more pages than its share."""
+    for fcfs, victim_tenant in ((False, "big"), (True, "small")):
+        scheduler, _ = make_scheduler(pages=12, budget=256, max_seqs=8)
+        scheduler.waiting.fcfs = fcfs
+        sim = Simulation(scheduler)
+        big = [sim.add(40, "big") for _ in range(2)]  # 3 pages each
+        sim.step()
+        small = sim.add(20, "small")  # 2 pages, admitted last
+        sim.step()
+        assert all(s.status is SequenceStatus.RUNNING for s in [*big, small])
+        preempted = []
+        for _ in range(40):  # everyone decodes until the 12 pages run out
+            out = scheduler.schedule()
+            preempted += out.preempted
+            finish_step(out)
+            if preempted:
+                break
+        assert preempted and preempted[0].tenancy.tenant == victim_tenant
