@@ -1,8 +1,9 @@
 """Which waiting sequence starts next: strict priority classes, then weighted fair queuing over tenants.
 
 A tenant's *service* is the tokens the engine computed for it (prefill chunks and decodes), divided by its
-weight. Admission always offers the head of the tenant with the least service first (within the most
-urgent class present), so over time each busy tenant gets computed tokens in proportion to its weight,
+weight. Admission offers first the head of the tenant whose head would finish first in fair time (its
+service plus the head's tokens over its weight: WFQ's finish tag), within the most urgent class present,
+so over time each busy tenant gets computed tokens in proportion to its weight,
 whatever its prompt lengths or request count: a tenant with 64 long prompts queued cannot keep one with
 a single short prompt waiting behind them. Tokens, not requests, are the unit, as in the virtual token
 counter of Sheng et al., "Fairness in Serving Large Language Models" (OSDI 2024).
