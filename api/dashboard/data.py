@@ -102,13 +102,15 @@ async def gather_replicas(ctx: ApiContext, data: DashboardData) -> None:
         data.replica_error = exc.message
         return
     ids = {a for r in replicas for a in (*r.resident_adapters, *r.host_adapters)}
-    with ctx.reading() as session:
-        rows = session.exec(select(Adapter.id, Adapter.name).where(col(Adapter.id).in_(ids))).all() if ids else []
-    names = dict(rows)
     tenant_ids = {t.tenant for r in replicas for t in r.tenants}
     with ctx.reading() as session:
-        found = session.exec(select(Tenant.id, Tenant.name).where(col(Tenant.id).in_(tenant_ids))).all()
-    tenant_names = dict(found)
+        rows = session.exec(select(Adapter.id, Adapter.name).where(col(Adapter.id).in_(ids))).all() if ids else []
+        found = (
+            session.exec(select(Tenant.id, Tenant.name).where(col(Tenant.id).in_(tenant_ids))).all()
+            if tenant_ids
+            else []
+        )
+    names, tenant_names = dict(rows), dict(found)
     data.replicas = [
         ReplicaView(
             status=r,

@@ -39,9 +39,8 @@ class FairQueue:
         self.fcfs = fcfs
         self._flows: dict[_Flow, deque[Sequence]] = {}
         self._size = 0
-        self._service: dict[
-            str, float
-        ] = {}  # tenant -> weighted tokens; kept for inactive ones only if above the floor
+        # tenant -> weighted tokens computed; kept for an inactive tenant only while above the floor
+        self._service: dict[str, float] = {}
         self._weight: dict[str, float] = {}  # tenant -> its latest request's weight (active tenants)
         self._live: dict[str, int] = {}  # tenant -> its sequences waiting or running (active tenants)
         self._floor = 0.0  # the least service among active tenants, last time it was computed
@@ -151,9 +150,6 @@ class FairQueue:
         """Each active tenant's fair share of ``seats`` (or pages), by weight."""
         total = sum(self._weight.get(t, 1.0) for t in self._live)
         return {t: seats * self._weight.get(t, 1.0) / total for t in self._live}
-
-    def service(self, tenant: str) -> float:
-        return self._service.get(tenant, 0.0)
 
     def waiting_by_tenant(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -160,9 +160,7 @@ class LLMEngine:
 
     def tenant_loads(self) -> dict[str, TenantLoad]:
         """Per tenant: sequences waiting for and running in the engine, and the KV pages they hold."""
-        loads: dict[str, TenantLoad] = {}
-        for seq in self.scheduler.waiting:
-            loads.setdefault(seq.tenancy.tenant, TenantLoad()).waiting += 1
+        loads = {t: TenantLoad(waiting=n) for t, n in self.scheduler.waiting.waiting_by_tenant().items()}
         for seq in self.scheduler.running:
             load = loads.setdefault(seq.tenancy.tenant, TenantLoad())
             load.running += 1

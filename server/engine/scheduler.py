@@ -207,13 +207,7 @@ class Scheduler:
             seats_full = len(self.running) >= self.max_num_seqs
             if not seats_full and manager.can_admit(head, cached, start + chunk, admitting=True):
                 return chunk if not seats[tenant] else 0  # a tenant with nothing running: its TTFT is at stake
-            if seats_full:
-                held, share = seats, seat_share
-            else:
-                held = Counter()
-                for s in self.running:
-                    held[s.tenancy.tenant] += len(s.block_table)
-                share = self.waiting.seat_shares(sum(held.values()))
+            held, share = (seats, seat_share) if seats_full else self._kv_pages_and_shares()
             above = [(held[t] / share[t], t) for t in held if t != tenant and held[t] > share[t]]
             if not above:
                 return 0
@@ -248,15 +242,19 @@ class Scheduler:
         unscheduled = self.running[self.running.index(seq) :]
         if self.waiting.fcfs or len({s.tenancy.tenant for s in unscheduled}) < 2:
             return self.running[-1]
-        held: Counter[str] = Counter()
-        for s in self.running:
-            held[s.tenancy.tenant] += len(s.block_table)
-        share = self.waiting.seat_shares(sum(held.values()))
+        held, share = self._kv_pages_and_shares()
         above = {s.tenancy.tenant for s in unscheduled if held[s.tenancy.tenant] > share[s.tenancy.tenant]}
         if not above:
             return self.running[-1]
         greedy = max(above, key=lambda t: held[t] / share[t])
         return next(s for s in reversed(unscheduled) if s.tenancy.tenant == greedy)
+
+    def _kv_pages_and_shares(self) -> tuple[Counter[str], dict[str, float]]:
+        """KV pages held by each tenant's running sequences, and each active tenant's fair share of them."""
+        held: Counter[str] = Counter()
+        for s in self.running:
+            held[s.tenancy.tenant] += len(s.block_table)
+        return held, self.waiting.seat_shares(sum(held.values()))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
