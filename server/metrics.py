@@ -81,6 +81,11 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Gauges first: a scrape then reads the published state before the counters, and the engine thread
+        # counts an event (an eviction, a load) before it publishes the state the event made. A scrape whose
+        # gauges show an adapter gone therefore always counts its eviction.
+        self._snapshot: Callable[[], GaugeSnapshot] = GaugeSnapshot
+        r.register(_Gauges(lambda: self._snapshot()))
         self.adapter_loads = Counter(
             "loraplex_adapter_loads", "Adapters placed in the pool, by the tier they came from.", ["tier"], registry=r
         )
@@ -110,8 +115,6 @@ class ServerMetrics:
         self.prefix_cache_hits = Counter(
             "loraplex_prefix_cache_hits", "Tokens found in the prefix cache (their prefill skipped).", registry=r
         )
-        self._snapshot: Callable[[], GaugeSnapshot] = GaugeSnapshot
-        r.register(_Gauges(lambda: self._snapshot()))
         self._exposed = CollectorRegistry(auto_describe=False)
         self._exposed.register(_WithoutCreated(r))
 
