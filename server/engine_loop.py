@@ -231,7 +231,7 @@ class EngineLoop:
         key, source = ticket.adapter.key, ticket.adapter.source
         ticket.cold_start = not manager.is_resident(key)
         # ``want`` answers at once when the adapter is resident, else once it is placed (or cannot be).
-        manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock())
+        manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock(), ticket.tenancy)
 
     def _adapter_ready(self, ticket: Ticket, error: LoraplexError | None) -> None:
         if error is not None and ticket.adapter is not None:

@@ -22,11 +22,12 @@ from enum import Enum
 
 from core.errors import LoraplexError
 from server.adapters.errors import AdapterTooLarge, ModelNotFound
-from server.adapters.eviction import Candidate, choose_victims
+from server.adapters.eviction import Candidate, choose_victims, decayed, share_excess
 from server.adapters.fetch import AdapterFetcher, HostAdapter
 from server.adapters.host_cache import HostCache
 from server.adapters.sources import AdapterSource, LocalSource
 from server.engine import LLMEngine
+from server.engine.tenancy import DIRECT, Tenancy
 from server.memory.adapter_pages import AdapterPlan
 from server.metrics import ServerMetrics
 
@@ -62,6 +63,13 @@ class AdapterEntry:
     waiters: list[Waiter] = field(default_factory=list)  # requests waiting for it to become resident
     nbytes: int = 0
     residency_mark: float = 0.0
+    owner: Tenancy = DIRECT  # the tenant whose requests want it (the latest one's), for fair eviction
+    demand: float = 0.0  # requests lately, fading (eviction.decayed) from demand_at
+    demand_at: float = 0.0
+
+    def wanted(self, now: float) -> None:
+        self.demand = decayed(self.demand, now - self.demand_at) + 1.0
+        self.demand_at = self.last_used = now
 
 
 @dataclass(frozen=True)
@@ -115,10 +123,14 @@ class AdapterManager:
     def is_resident(self, key: str) -> bool:
         return self.adapters.is_resident(key)
 
-    def want(self, key: str, source: AdapterSource, waiter: Waiter, now: float) -> None:
-        """Bring ``key`` into the pool; ``waiter`` hears how it went (at once if it is resident)."""
+    def want(self, key: str, source: AdapterSource, waiter: Waiter, now: float, tenancy: Tenancy | None = None) -> None:
+        """Bring ``key`` into the pool; ``waiter`` hears how it went (at once if it is resident). A request's
+        ``tenancy`` makes its tenant the adapter's owner and counts towards the adapter's demand."""
         entry = self._entry(key, source)
         entry.last_used = now
+        if tenancy is not None:
+            entry.owner = tenancy
+            entry.wanted(now)
         if self.adapters.is_resident(key):
             self.host.touch(key, now)
             waiter(None)
@@ -320,11 +332,32 @@ class AdapterManager:
         return True
 
     def _candidates(self, now: float) -> list[Candidate]:
+        entries = [e for e in self._entries.values() if self._evictable(e)]
+        excess = self._owner_excess() if entries else {}
         return [
-            Candidate(e.key, self._pages(e.key), e.nbytes, now - e.last_used, e.key in self.host)
-            for e in self._entries.values()
-            if self._evictable(e)
+            Candidate(
+                e.key,
+                self._pages(e.key),
+                e.nbytes,
+                now - e.last_used,
+                e.key in self.host,
+                demand=decayed(e.demand, now - e.demand_at),
+                owner_excess=excess.get(e.owner.tenant, 1.0),
+            )
+            for e in entries
         ]
+
+    def _owner_excess(self) -> dict[str, float]:
+        """How far each tenant is above its fair share of the pool: its KV pages and its adapters' pages."""
+        loads = self.engine.tenant_loads()
+        held = {tenant: load.kv_pages for tenant, load in loads.items()}
+        weights = {tenant: load.weight for tenant, load in loads.items()}
+        for key, adapter in self.adapters.resident.items():
+            entry = self._entries.get(key)
+            owner = DIRECT if entry is None else entry.owner
+            held[owner.tenant] = held.get(owner.tenant, 0) + adapter.num_pages
+            weights.setdefault(owner.tenant, owner.weight)
+        return share_excess(held, weights)
 
     def _pages(self, key: str) -> int:
         adapter = self.adapters.get(key)

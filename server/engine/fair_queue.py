@@ -151,6 +151,10 @@ class FairQueue:
         total = sum(self._weight.get(t, 1.0) for t in self._live)
         return {t: seats * self._weight.get(t, 1.0) / total for t in self._live}
 
+    def weight(self, tenant: str) -> float:
+        """An active tenant's weight (its latest request's); 1.0 for one not active."""
+        return self._weight.get(tenant, 1.0)
+
     def waiting_by_tenant(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for (_, tenant), flow in self._flows.items():

@@ -159,10 +159,11 @@ class LLMEngine:
         return self.scheduler.kv_starved()
 
     def tenant_loads(self) -> dict[str, TenantLoad]:
-        """Per tenant: sequences waiting for and running in the engine, and the KV pages they hold."""
-        loads = {t: TenantLoad(waiting=n) for t, n in self.scheduler.waiting.waiting_by_tenant().items()}
+        """Per tenant: sequences waiting for and running in the engine, the KV pages they hold, and its weight."""
+        queue = self.scheduler.waiting
+        loads = {t: TenantLoad(waiting=n, weight=queue.weight(t)) for t, n in queue.waiting_by_tenant().items()}
         for seq in self.scheduler.running:
-            load = loads.setdefault(seq.tenancy.tenant, TenantLoad())
+            load = loads.setdefault(seq.tenancy.tenant, TenantLoad(weight=seq.tenancy.weight))
             load.running += 1
             load.kv_pages += len(seq.block_table)
         return loads

@@ -29,11 +29,12 @@ DIRECT = Tenancy()
 @dataclass
 class TenantLoad:
     """One tenant's share of a server at a moment: its sequences queued and running, and the KV pages they
-    hold (a prefix page shared by several sequences counts for each)."""
+    hold (a prefix page shared by several sequences counts for each), and its scheduling weight."""
 
     waiting: int = 0
     running: int = 0
     kv_pages: int = 0
+    weight: float = 1.0
 
     def add(self, other: TenantLoad) -> None:
         self.waiting += other.waiting

@@ -1,5 +1,6 @@
 """A pool that holds three adapters serves twelve under concurrent load: adapters are loaded, evicted and
-reloaded behind the requests' backs, and every request gets exactly the tokens it gets when served alone."""
+reloaded behind the requests' backs, and every request gets exactly the tokens it gets when served alone.
+Among tenants, the one holding more than its share of the pool gives an adapter back first."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from core.descriptor import AdapterDescriptor
-from core.protocol import ADAPTER_FIELD
+from core.protocol import ADAPTER_FIELD, TENANT_FIELD
 from core.storage import S3ObjectStore
+from server.adapters.sources import descriptor_key
 from server.engine import SamplingParams
 from server.offline import LLM
 from tests.integration.server.adapters import upload, variant
@@ -88,3 +90,28 @@ def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, a
         assert metrics.value("loraplex_pool_pages", kind="adapter") <= RESIDENT * adapter_pages
         assert metrics.value("loraplex_pool_pages", kind="kv") == 0
         assert metrics.value("loraplex_adapters_resident", tier="host") == NUM_ADAPTERS
+
+
+def test_the_tenant_above_its_share_of_the_pool_is_evicted_first(tiny_model_dir, adapter_dirs, alone, s3_store):
+    """Tenant B's adapter is the idlest, so recency alone would evict it; but tenant A holds two of the three
+    adapters (twice B's pages, its fair share being half), so A's idler adapter makes room for B's next."""
+    _, adapter_pages, page_bytes = alone
+    config = server_config(
+        tiny_model_dir,
+        max_model_len=256,
+        pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
+        max_resident_adapters=RESIDENT,
+    )
+    with running(config, s3_store) as server:
+        base = server.runtime.base_name
+        b0, a0, a1, b1 = (upload(s3_store, adapter_dirs[i], base) for i in range(4))
+        client = server.client()
+
+        def ask(tenant: str, descriptor: AdapterDescriptor) -> None:
+            body = {ADAPTER_FIELD: descriptor.model_dump(), TENANT_FIELD: {"id": tenant}, "ignore_eos": True}
+            client.completions.create(model=descriptor.name, prompt="1 2", max_tokens=2, extra_body=body)
+
+        for tenant, descriptor in (("b", b0), ("a", a0), ("a", a1), ("b", b1)):
+            ask(tenant, descriptor)
+        resident = set(server.runtime.loop.view.tiers.resident)  # published after every step
+        assert resident == {descriptor_key(d) for d in (b0, a1, b1)}, resident

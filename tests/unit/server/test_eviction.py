@@ -1,14 +1,34 @@
-"""Eviction order: cheap-to-reload, long-idle adapters go first; nothing is evicted when it cannot help."""
+"""Eviction order: cheap-to-reload, long-idle, little-wanted adapters go first, those of a tenant above its share
+of the pool before a quiet tenant's; nothing is evicted when it cannot help."""
 
 from __future__ import annotations
 
-from server.adapters.eviction import Candidate, choose_victims, eviction_order, reload_cost_s
+import pytest
+
+from server.adapters.eviction import (
+    DEMAND_HALF_LIFE_S,
+    Candidate,
+    choose_victims,
+    decayed,
+    eviction_order,
+    reload_cost_s,
+    share_excess,
+)
 
 MB = 1 << 20
 
 
-def candidate(key: str, *, pages: int = 10, nbytes: int = 4 * MB, idle_s: float = 10.0, in_host: bool = True):
-    return Candidate(key, pages, nbytes, idle_s, in_host)
+def candidate(
+    key: str,
+    *,
+    pages: int = 10,
+    nbytes: int = 4 * MB,
+    idle_s: float = 10.0,
+    in_host: bool = True,
+    demand: float = 0.0,
+    owner_excess: float = 1.0,
+) -> Candidate:
+    return Candidate(key, pages, nbytes, idle_s, in_host, demand, owner_excess)
 
 
 def test_an_adapter_still_in_host_ram_is_cheaper_to_reload_than_one_to_download():
@@ -45,3 +65,34 @@ def test_nothing_is_evicted_when_even_all_candidates_are_not_enough():
     assert choose_victims(pool, pages_needed=9) is None
     assert choose_victims(pool, pages_needed=0, slots_needed=3) is None
     assert choose_victims([], pages_needed=1) is None
+
+
+def test_an_adapter_wanted_often_outlasts_one_wanted_once_at_the_same_idleness():
+    order = eviction_order([candidate("often", demand=20.0), candidate("once", demand=1.0)])
+    assert [c.key for c in order] == ["once", "often"]
+
+
+def test_demand_fades_by_half_every_half_life():
+    assert decayed(8.0, 0.0) == 8.0
+    assert decayed(8.0, DEMAND_HALF_LIFE_S) == pytest.approx(4.0)
+    assert decayed(8.0, 3 * DEMAND_HALF_LIFE_S) == pytest.approx(1.0)
+    assert decayed(8.0, -5.0) == 8.0  # a clock read out of order never inflates a count
+
+
+def test_a_tenant_above_its_share_gives_pages_back_before_a_quiet_tenants_idler_adapter():
+    quiet = candidate("quiet", idle_s=12.0)  # idler, so plain recency would pick it
+    greedy = candidate("greedy", idle_s=10.0, owner_excess=share_excess({"a": 30, "b": 10}, {})["a"])
+    assert [c.key for c in eviction_order([quiet, greedy])] == ["greedy", "quiet"]
+    within = candidate("greedy", idle_s=10.0)
+    assert [c.key for c in eviction_order([quiet, within])] == ["quiet", "greedy"]
+
+
+def test_a_tenants_share_is_by_weight_among_the_tenants_holding_pages():
+    assert share_excess({"a": 30, "b": 10}, {}) == {"a": 1.5, "b": 1.0}
+    assert share_excess({"a": 30, "b": 10}, {"a": 3.0}) == {"a": 1.0, "b": 1.0}  # a's weight earns it 3/4
+    assert share_excess({"a": 30, "b": 10, "idle": 0}, {"idle": 100.0}) == {"a": 1.5, "b": 1.0}
+
+
+def test_a_tenant_alone_is_never_above_its_share():
+    assert share_excess({"a": 40}, {"a": 0.1}) == {"a": 1.0}
+    assert share_excess({}, {}) == {}
