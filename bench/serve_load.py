@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -111,9 +111,14 @@ def _http_error(status: int, body: bytes) -> str:
 
 
 async def run_load(
-    base_url: str, adapter_models: Sequence[str], items: Iterator[WorkItem], plan: LoadPlan
+    base_url: str,
+    adapter_models: Sequence[str],
+    items: Iterator[WorkItem],
+    plan: LoadPlan,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Drive the server with ``plan``; every request's record and the wall seconds from first send to last answer."""
+    """Drive the server with ``plan``; every request's record and the wall seconds from first send to last answer.
+    ``headers`` go with every request (the platform API's bearer key)."""
     url = f"{base_url}/v1/completions"
     records: list[RequestRecord] = []
     limits = httpx.Limits(max_connections=plan.clients, max_keepalive_connections=plan.clients)
@@ -135,6 +140,6 @@ async def run_load(
         while (item := next_item()) is not None:
             records.append(await send(client, url, adapter_models[item.adapter], item))
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(plan.clients)))
     return records, time.perf_counter() - start

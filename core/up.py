@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from core.cpu_share import available_cores, split_cores
 from core.errors import ConfigError
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
 from core.model_source import resolve_model_dir
@@ -53,13 +54,14 @@ class Child:
     name: str
     argv: list[str]
     health_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # on top of the platform's (its share of the cores)
     process: ManagedProcess | None = None
     restarts: list[float] = field(default_factory=list)
     started_at: float = 0.0
     state: str = "starting"
 
     def start(self, env: dict[str, str], logs: Path) -> None:
-        self.process = ManagedProcess(self.name, self.argv, logs / f"{self.name}.log", env=env).start()
+        self.process = ManagedProcess(self.name, self.argv, logs / f"{self.name}.log", env={**env, **self.env}).start()
         self.started_at = time.monotonic()
         self.state = "starting"
 
@@ -204,8 +206,11 @@ def up(
     base_model: str | None,
     api_port: int,
     server_port: int | None,
+    server_threads: int | None = None,
+    train_threads: int | None = None,
 ) -> None:
-    """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all."""
+    """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all.
+    The server and training get their shares of the cores (``core.cpu_share``); either may be given."""
     from core import db
     from core.tiny_model import make_tiny_model
 
@@ -227,6 +232,11 @@ def up(
     if not (model / "config.json").exists():
         console.print(f"[red]error:[/red] {model} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
         raise typer.Exit(2)
+    try:
+        shares = split_cores(available_cores(), server_threads, train_threads)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc.message} (--server-threads / --train-threads)")
+        raise typer.Exit(2) from None
     settings = settings.model_copy(update={"base_model": source})
     assert settings.model_name is not None
     if settings.db_url.startswith("sqlite"):
@@ -246,17 +256,20 @@ def up(
         env = platform.child_env(redis_url, model, settings.model_name, admin_key, internal)
         exe = [sys.executable, "-m", "core"]
         server_url = f"http://{LOOPBACK}:{platform.server_port}"
+        server_argv = [*exe, "server", "--model", str(model), "--host", LOOPBACK, "--port", str(platform.server_port)]
         platform.children = [
-            Child("worker", [*exe, "worker"]),
+            Child("worker", [*exe, "worker", "--threads", str(shares.training)], env=shares.env(shares.training)),
             Child(
                 "server",
-                [*exe, "server", "--model", str(model), "--host", LOOPBACK, "--port", str(platform.server_port)],
+                [*server_argv, "--threads", str(shares.server)],
                 health_url=f"{server_url}/health",
+                env=shares.env(shares.server),
             ),
             Child(
                 "api",
                 [*exe, "api", "--host", LOOPBACK, "--port", str(api_port)],
                 health_url=f"{platform.api_url}/health",
+                env={"OMP_NUM_THREADS": "1"},  # no tensor work here: no thread pool to compete with
             ),
         ]
         for child in platform.children:
@@ -265,6 +278,7 @@ def up(
         console.print(f"dashboard: {platform.api_url}/admin")
         console.print(f"admin key: {admin_key}")
         console.print(f"logs:      {logs}")
+        console.print(f"cpu:       {shares.describe()}", soft_wrap=True)
         _supervise(platform, env, logs, admin_key)
     finally:
         console.print("stopping…")
@@ -287,6 +301,22 @@ def register(app: typer.Typer) -> None:
         data_dir: Annotated[Path | None, typer.Option(help="Where embedded state lives (LORAPLEX_DATA_DIR).")] = None,
         port: Annotated[int | None, typer.Option(help="API port (LORAPLEX_API_PORT).")] = None,
         server_port: Annotated[int | None, typer.Option(help="Inference server port (default: a free one).")] = None,
+        server_threads: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                envvar="LORAPLEX_SERVER_THREADS",
+                help="CPU threads for the inference server (default: the cores training does not take).",
+            ),
+        ] = None,
+        train_threads: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                envvar="LORAPLEX_TRAIN_THREADS",
+                help="CPU threads for a training job (default: 1 up to 4 cores, then a quarter of them).",
+            ),
+        ] = None,
     ) -> None:
         """Run the whole platform on this machine until Ctrl-C."""
         from core.cli import settings_or_exit
@@ -295,4 +325,11 @@ def register(app: typer.Typer) -> None:
         if data_dir is not None:
             overrides["data_dir"] = data_dir
         settings = settings_or_exit(**overrides)
-        up(settings, base_model=base_model, api_port=port or settings.api_port, server_port=server_port)
+        up(
+            settings,
+            base_model=base_model,
+            api_port=port or settings.api_port,
+            server_port=server_port,
+            server_threads=server_threads,
+            train_threads=train_threads,
+        )

@@ -90,7 +90,14 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats to Redis.")] = HEARTBEAT_S,
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-        threads: Annotated[int | None, typer.Option(help="CPU threads for torch.")] = None,
+        threads: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                envvar="LORAPLEX_SERVER_THREADS",
+                help="CPU threads for torch (default: torch's, one per core; `loraplex up` sets its share).",
+            ),
+        ] = None,
     ) -> None:
         """Serve a base model and its LoRA adapters over an OpenAI-compatible API (object store, token and
         Redis from LORAPLEX_*)."""

@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_seq_len: Annotated[int, typer.Option(help="Longest example in tokens.")] = 1024,
         seed: Annotated[int, typer.Option(help="Seed: same seed, data and settings give the same adapter.")] = 0,
+        threads: Annotated[
+            int | None,
+            typer.Option(min=1, envvar="LORAPLEX_TRAIN_THREADS", help="CPU threads for torch (default: torch's)."),
+        ] = None,
     ) -> None:
         """Validate the data, train, and write adapter_config.json, adapter_model.safetensors and manifest.json."""
         from pydantic import ValidationError
@@ -82,6 +86,7 @@ def register(app: typer.Typer) -> None:
             hyperparameters=hyperparameters,
             seed=seed,
             validation_file=validation,
+            num_threads=threads,
         )
         try:
             with _ProgressBar() as bar:

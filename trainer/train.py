@@ -43,6 +43,7 @@ class TrainingRequest:
     base_model_name: str | None = None  # recorded in the adapter; default: the directory's name
     base_fingerprint: BaseModelFingerprint | None = None  # pass one to skip hashing the weights again
     min_examples: int = DEFAULT_MIN_EXAMPLES
+    num_threads: int | None = None  # CPU threads for torch (its share of a shared machine); None: torch's default
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,8 @@ def train_adapter(
     base = request.base_fingerprint or fingerprint_base_model(request.base_model_dir, request.base_model_name)
 
     cuda = torch.cuda.is_available()
+    if request.num_threads is not None:
+        torch.set_num_threads(request.num_threads)  # process-wide: this pool process trains one job at a time
     set_seed(request.seed)  # before the LoRA matrices are initialised
     model = _lora_model(request, torch.bfloat16 if cuda else torch.float32)
     bridge = ProgressBridge(on_progress, should_cancel)

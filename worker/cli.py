@@ -42,6 +42,14 @@ def register(app: typer.Typer) -> None:
                 help="Age after which stored objects that no row refers to (a crashed upload's) are removed.",
             ),
         ] = 3600.0,
+        threads: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                envvar="LORAPLEX_TRAIN_THREADS",
+                help="CPU threads a job trains with (default: torch's, one per core; `loraplex up` sets its share).",
+            ),
+        ] = None,
     ) -> None:
         """Train fine-tuning jobs from the queue of LORAPLEX_BASE_MODEL (Redis at LORAPLEX_REDIS_URL)."""
         from core.queue import train_queue
@@ -54,7 +62,12 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             options = WorkerOptions(
-                heartbeat_seconds, stale_after_seconds, reap_every_seconds, retry_delay_seconds, orphan_grace_seconds
+                heartbeat_seconds,
+                stale_after_seconds,
+                reap_every_seconds,
+                retry_delay_seconds,
+                orphan_grace_seconds,
+                train_threads=threads,
             )
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")

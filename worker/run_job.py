@@ -126,6 +126,7 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
         validation_file=validation,
         base_model_name=rt.base_model_name,
         base_fingerprint=rt.fingerprint(),
+        num_threads=rt.options.train_threads,
     )
     return train_adapter(request, on_progress=ProgressRecorder(rt.engine, job), should_cancel=keeper.should_stop)
 

@@ -31,6 +31,7 @@ class WorkerOptions:
     reap_every_seconds: float = 30.0
     retry_delay_seconds: float = 30.0  # before retrying a job that hit a transient error (store down)
     orphan_grace_seconds: float = 3600.0
+    train_threads: int | None = None  # torch threads a job trains with (its share of the machine); None: torch's
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_seconds, self.reap_every_seconds) <= 0 or self.retry_delay_seconds < 0:

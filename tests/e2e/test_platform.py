@@ -19,6 +19,7 @@ import pytest
 from openai import OpenAI
 from openai.types.fine_tuning import FineTuningJob
 
+from core.cpu_share import available_cores, split_cores
 from core.local_services import free_port
 from tests.integration.training.jobs import (
     LOOKUP_TOOL,
@@ -109,6 +110,24 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatfo
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _process_view(pid: int) -> tuple[list[str], dict[str, str]]:
+    """A process's command line and environment, as the kernel shows them."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    pairs = (item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if item)
+    return argv, dict(pairs)
+
+
+def test_the_server_and_training_each_get_their_share_of_the_cores(platform: RunningPlatform) -> None:
+    shares = split_cores(available_cores())
+    assert f"cpu:       {shares.describe()}" in platform.output()
+    pids = platform.child_pids()
+    for name, threads in (("server", shares.server), ("worker", shares.training)):
+        argv, env = _process_view(pids[name])
+        assert argv[argv.index("--threads") + 1] == str(threads), (name, argv)
+        assert env["OMP_NUM_THREADS"] == str(threads)
+        assert ("OMP_WAIT_POLICY" in env) == shares.oversubscribed
 
 
 def _finished(client: OpenAI, job: FineTuningJob, platform: RunningPlatform) -> FineTuningJob:

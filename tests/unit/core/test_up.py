@@ -1,5 +1,6 @@
 """``loraplex up`` supervising its children: one that exits with a configuration error (exit 2) is given up at
-once with its last words shown; one that crashes otherwise is restarted, saying why."""
+once with its last words shown; one that crashes otherwise is restarted, saying why. Each child runs with its
+own share of the cores on top of the platform's environment."""
 
 from __future__ import annotations
 
@@ -39,3 +40,11 @@ def test_a_crashed_child_is_restarted_naming_its_last_words(tmp_path: Path) -> N
     finally:
         assert worker.process is not None
         worker.process.stop()
+
+
+def test_a_child_runs_with_its_own_environment_on_top_of_the_platforms(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "8", "LORAPLEX_DATA_DIR": str(tmp_path)}
+    script = "import os; print(os.environ['OMP_NUM_THREADS'], os.environ['LORAPLEX_DATA_DIR'])"
+    child = exited(Child("server", [sys.executable, "-c", script], env={"OMP_NUM_THREADS": "3"}), env, tmp_path)
+    assert child.process is not None and child.process.proc is not None and child.process.proc.returncode == 0
+    assert (tmp_path / "server.log").read_text().split() == ["3", str(tmp_path)]
