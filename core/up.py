@@ -28,6 +28,7 @@ from core.errors import ConfigError
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
 from core.model_source import resolve_model_dir
 from core.settings import Settings
+from core.thread_options import ServerThreads, TrainThreads
 
 console = Console(stderr=True)
 RESTART_WINDOW_S = 60.0
@@ -301,22 +302,8 @@ def register(app: typer.Typer) -> None:
         data_dir: Annotated[Path | None, typer.Option(help="Where embedded state lives (LORAPLEX_DATA_DIR).")] = None,
         port: Annotated[int | None, typer.Option(help="API port (LORAPLEX_API_PORT).")] = None,
         server_port: Annotated[int | None, typer.Option(help="Inference server port (default: a free one).")] = None,
-        server_threads: Annotated[
-            int | None,
-            typer.Option(
-                min=1,
-                envvar="LORAPLEX_SERVER_THREADS",
-                help="CPU threads for the inference server (default: the cores training does not take).",
-            ),
-        ] = None,
-        train_threads: Annotated[
-            int | None,
-            typer.Option(
-                min=1,
-                envvar="LORAPLEX_TRAIN_THREADS",
-                help="CPU threads for a training job (default: 1 up to 4 cores, then a quarter of them).",
-            ),
-        ] = None,
+        server_threads: ServerThreads = None,
+        train_threads: TrainThreads = None,
     ) -> None:
         """Run the whole platform on this machine until Ctrl-C."""
         from core.cli import settings_or_exit

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from core.protocol import HEARTBEAT_S
+from core.thread_options import ServerThreads
 
 
 def register(app: typer.Typer) -> None:
@@ -90,14 +91,7 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats to Redis.")] = HEARTBEAT_S,
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-        threads: Annotated[
-            int | None,
-            typer.Option(
-                min=1,
-                envvar="LORAPLEX_SERVER_THREADS",
-                help="CPU threads for torch (default: torch's, one per core; `loraplex up` sets its share).",
-            ),
-        ] = None,
+        threads: ServerThreads = None,
     ) -> None:
         """Serve a base model and its LoRA adapters over an OpenAI-compatible API (object store, token and
         Redis from LORAPLEX_*)."""

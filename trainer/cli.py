@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from core.cli import console, settings_or_exit
+from core.thread_options import TrainThreads
 
 
 def register(app: typer.Typer) -> None:
@@ -34,10 +35,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_seq_len: Annotated[int, typer.Option(help="Longest example in tokens.")] = 1024,
         seed: Annotated[int, typer.Option(help="Seed: same seed, data and settings give the same adapter.")] = 0,
-        threads: Annotated[
-            int | None,
-            typer.Option(min=1, envvar="LORAPLEX_TRAIN_THREADS", help="CPU threads for torch (default: torch's)."),
-        ] = None,
+        threads: TrainThreads = None,
     ) -> None:
         """Validate the data, train, and write adapter_config.json, adapter_model.safetensors and manifest.json."""
         from pydantic import ValidationError

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from core.cli import console, ready_database, settings_or_exit
+from core.thread_options import TrainThreads
 
 
 def register(app: typer.Typer) -> None:
@@ -42,14 +43,7 @@ def register(app: typer.Typer) -> None:
                 help="Age after which stored objects that no row refers to (a crashed upload's) are removed.",
             ),
         ] = 3600.0,
-        threads: Annotated[
-            int | None,
-            typer.Option(
-                min=1,
-                envvar="LORAPLEX_TRAIN_THREADS",
-                help="CPU threads a job trains with (default: torch's, one per core; `loraplex up` sets its share).",
-            ),
-        ] = None,
+        threads: TrainThreads = None,
     ) -> None:
         """Train fine-tuning jobs from the queue of LORAPLEX_BASE_MODEL (Redis at LORAPLEX_REDIS_URL)."""
         from core.queue import train_queue

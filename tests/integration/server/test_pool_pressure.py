@@ -13,6 +13,7 @@ from core.descriptor import AdapterDescriptor
 from core.protocol import ADAPTER_FIELD, TENANT_FIELD
 from core.storage import S3ObjectStore
 from server.adapters.sources import descriptor_key
+from server.config import ServerConfig
 from server.engine import SamplingParams
 from server.offline import LLM
 from tests.integration.server.adapters import upload, variant
@@ -48,16 +49,21 @@ def alone(tiny_model_dir: Path, adapter_dirs: list[Path]) -> tuple[dict[tuple[in
     return tokens, pages, llm.engine.pool_stats().page_bytes
 
 
-def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, alone, s3_store: S3ObjectStore):
-    expected, adapter_pages, page_bytes = alone
-    assert len({tuple(t) for t in expected.values()}) > NUM_ADAPTERS  # the adapters really differ
-    config = server_config(
+def pool_of_three(tiny_model_dir: Path, alone: tuple[object, int, int]) -> ServerConfig:
+    """A server whose pool holds RESIDENT adapters and KV_PAGES pages of KV."""
+    _, adapter_pages, page_bytes = alone
+    return server_config(
         tiny_model_dir,
         max_model_len=256,
         pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
         max_resident_adapters=RESIDENT,
     )
-    with running(config, s3_store) as server:
+
+
+def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, alone, s3_store: S3ObjectStore):
+    expected, adapter_pages, _ = alone
+    assert len({tuple(t) for t in expected.values()}) > NUM_ADAPTERS  # the adapters really differ
+    with running(pool_of_three(tiny_model_dir, alone), s3_store) as server:
         base = server.runtime.base_name
         descriptors: list[AdapterDescriptor] = [upload(s3_store, d, base) for d in adapter_dirs]
         client = server.client()
@@ -95,14 +101,7 @@ def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, a
 def test_the_tenant_above_its_share_of_the_pool_is_evicted_first(tiny_model_dir, adapter_dirs, alone, s3_store):
     """Tenant B's adapter is the idlest, so recency alone would evict it; but tenant A holds two of the three
     adapters (twice B's pages, its fair share being half), so A's idler adapter makes room for B's next."""
-    _, adapter_pages, page_bytes = alone
-    config = server_config(
-        tiny_model_dir,
-        max_model_len=256,
-        pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
-        max_resident_adapters=RESIDENT,
-    )
-    with running(config, s3_store) as server:
+    with running(pool_of_three(tiny_model_dir, alone), s3_store) as server:
         base = server.runtime.base_name
         b0, a0, a1, b1 = (upload(s3_store, adapter_dirs[i], base) for i in range(4))
         client = server.client()
