@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,7 +118,6 @@ class Platform:
         env["LORAPLEX_DATA_DIR"] = str(self.data_dir)
         # The load is the point here, not the tenant's rate limits.
         env.update(LORAPLEX_DEFAULT_REQUESTS_PER_MINUTE="0", LORAPLEX_DEFAULT_TOKENS_PER_MINUTE="0")
-        self.env = env
         argv = [*loraplex_command(), "up", "--base-model", str(model_dir), "--port", str(self.port)]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -281,14 +281,17 @@ def main() -> None:
         f"streaming clients, prompts {args.prompt_len}, outputs {args.output_len} tokens, {args.seconds:g} s a round, "
         f"{args.rounds} rounds; `loraplex up` splits: {split.describe()}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="loraplex-bench-colocate-"))
-    model_dir = make_tiny_model(workdir / "colocate-llama", SPEC)
-    parts = []
-    if args.part in ("training", "all"):
-        fraction = training_part(args, model_dir, workdir)
-        parts.append(f"training_fraction={fraction:.2f}")
-    if args.part in ("busy", "all"):
-        ours, peer = busy_part(args, model_dir, workdir)
-        parts.append(f"busy_slowdown_ours={ours:.2f} busy_slowdown_transformers={peer:.2f}")
+    try:
+        model_dir = make_tiny_model(workdir / "colocate-llama", SPEC)
+        parts = []
+        if args.part in ("training", "all"):
+            fraction = training_part(args, model_dir, workdir)
+            parts.append(f"training_fraction={fraction:.2f}")
+        if args.part in ("busy", "all"):
+            ours, peer = busy_part(args, model_dir, workdir)
+            parts.append(f"busy_slowdown_ours={ours:.2f} busy_slowdown_transformers={peer:.2f}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     say("RESULT " + " ".join(parts))
 
 

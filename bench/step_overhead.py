@@ -12,6 +12,8 @@ Run: ``python bench/step_overhead.py [--checkout /tmp/before] [--rounds 3]``.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,7 @@ def measure(root: Path, rounds: int) -> list[float]:
     from server.offline import LLM
 
     work = Path(tempfile.mkdtemp(prefix="loraplex-bench-step-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     model_dir = make_tiny_model(work / "base", TinyModelSpec(hidden=64, layers=2, heads=4, kv_heads=2, seed=0))
     llm = LLM(model_dir, pool_bytes=64 << 20)
     for i, adapter in enumerate(make_adapters(model_dir, work / "adapters", 4)):

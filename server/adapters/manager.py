@@ -68,8 +68,9 @@ class AdapterEntry:
     demand_at: float = 0.0
 
     def wanted(self, now: float) -> None:
+        """One more request wants it: its demand, faded to ``now``, grows by one."""
         self.demand = decayed(self.demand, now - self.demand_at) + 1.0
-        self.demand_at = self.last_used = now
+        self.demand_at = now
 
 
 @dataclass(frozen=True)
