@@ -1,4 +1,4 @@
-"""Bring an adapter into host RAM: download (object store) or read (local directory), verify, parse.
+"""Bring an adapter's weights into host RAM: download (object store) or read (local directory), verify, parse.
 
 Runs on the loader's threads, never on the engine's. Nothing is unpickled: store objects are checked
 against the descriptor's sha256 and must parse as safetensors; local directories holding pickle files
@@ -28,35 +28,15 @@ from core.projections import PROJECTIONS
 from core.storage import ObjectStore
 from server.adapters.errors import AdapterChecksumMismatch, AdapterTooLarge
 from server.adapters.sources import AdapterSource, LocalSource, resolve_local
-from server.memory.adapter_pages import weights_identity
 
 HEADER_SLACK_BYTES = 1 << 20
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch.save's zip container
-
-
-@dataclass(frozen=True)
-class HostAdapter:
-    """An adapter's verified fp32 tensors in host RAM, ready to be placed in pool pages."""
-
-    weights: AdapterWeights
-    nbytes: int
-    identity: bytes = b""  # content digest, computed on the loader thread: the prefix cache keys KV pages by it
-
-    @property
-    def max_rank(self) -> int:
-        return self.weights.max_rank
 
 
 def max_adapter_bytes(shapes: BaseShapes, max_rank: int) -> int:
     """The largest weights file a servable adapter can have (every projection at ``max_rank`` in fp32)."""
     per_layer = sum(sum(shapes.in_out(p)) for p in PROJECTIONS)
     return 4 * max_rank * per_layer * shapes.num_layers + HEADER_SLACK_BYTES
-
-
-def weights_nbytes(weights: AdapterWeights) -> int:
-    """Host bytes of the tensors; a fused module's A, shared by its projections, counts once."""
-    tensors = {id(t): t for m in weights.modules.values() for t in (m.a, m.b)}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @dataclass(frozen=True)
@@ -69,7 +49,7 @@ class AdapterFetcher:
     scratch: Path  # downloads land here before parsing
     root: Path | None  # --adapter-root
 
-    def fetch(self, source: AdapterSource) -> HostAdapter:
+    def fetch(self, source: AdapterSource) -> AdapterWeights:
         """Verified, parsed weights of ``source``; raises a 4xx error saying what is wrong with the adapter."""
         if isinstance(source, LocalSource):
             # Resolve again: the directory may have been swapped for a symlink since it was registered.
@@ -92,15 +72,14 @@ class AdapterFetcher:
             return _parse(directory, self.shapes, self.max_rank)
 
 
-def _parse(directory: Path, shapes: BaseShapes, max_rank: int) -> HostAdapter:
+def _parse(directory: Path, shapes: BaseShapes, max_rank: int) -> AdapterWeights:
     try:
         spec = inspect_adapter(directory, shapes, max_rank)
     except AdapterFileError as exc:
         if exc.param == ADAPTER_WEIGHTS_FILE:
             _refuse_pickle(directory / ADAPTER_WEIGHTS_FILE)
         raise
-    weights = load_adapter_weights(spec)
-    return HostAdapter(weights=weights, nbytes=weights_nbytes(weights), identity=weights_identity(weights))
+    return load_adapter_weights(spec)
 
 
 def _download(store: ObjectStore, key: str, dest: Path, expected_sha256: str, max_bytes: int) -> None:

@@ -1,6 +1,7 @@
-"""The host-RAM tier: verified adapter weights kept in an LRU under a byte budget, dropped when idle too long.
+"""The host-RAM tier: verified adapters, packed for the pool (``AdapterPlan``), kept in an LRU under a byte
+budget and dropped when idle too long.
 
-A pool eviction then costs a page copy to undo instead of a download; past ``idle_ttl`` an adapter leaves
+A pool eviction then costs one page copy to undo instead of a download; past ``idle_ttl`` an adapter leaves
 host RAM too (scale to zero). Owned by the engine thread; ``keys`` and ``nbytes`` may be read from others.
 """
 
@@ -11,17 +12,17 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from server.adapters.fetch import HostAdapter
+from server.memory.adapter_pages import AdapterPlan
 
 
 @dataclass
 class HostEntry:
-    adapter: HostAdapter
+    plan: AdapterPlan
     last_used: float
 
 
 class HostCache:
-    """LRU of ``HostAdapter`` by key; ``put`` evicts the least recently used entries past ``budget_bytes``."""
+    """LRU of adapter plans by key; ``put`` evicts the least recently used entries past ``budget_bytes``."""
 
     def __init__(self, budget_bytes: int, idle_ttl: float) -> None:
         self.budget_bytes = budget_bytes
@@ -29,37 +30,37 @@ class HostCache:
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()
         self._lock = threading.Lock()  # for readers on other threads (metrics, heartbeat)
 
-    def get(self, key: str, now: float) -> HostAdapter | None:
-        """The cached adapter, marked as just used; None when absent."""
+    def get(self, key: str, now: float) -> AdapterPlan | None:
+        """The cached plan, marked as just used; None when absent."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return None
             entry.last_used = now
             self._entries.move_to_end(key)
-            return entry.adapter
+            return entry.plan
 
     def touch(self, key: str, now: float) -> None:
         self.get(key, now)
 
-    def put(self, key: str, adapter: HostAdapter, now: float, keep: Collection[str] = ()) -> list[str]:
-        """Cache ``adapter``; returns the keys evicted to stay under budget (never those in ``keep``).
+    def put(self, key: str, plan: AdapterPlan, now: float, keep: Collection[str] = ()) -> list[str]:
+        """Cache ``plan``; returns the keys evicted to stay under budget (never those in ``keep``).
 
         An adapter larger than the whole budget is not cached (it is returned as if evicted at once).
         """
-        if adapter.nbytes > self.budget_bytes:
+        if plan.nbytes > self.budget_bytes:
             return [key]
         with self._lock:
-            self._entries[key] = HostEntry(adapter, now)
+            self._entries[key] = HostEntry(plan, now)
             self._entries.move_to_end(key)
             evicted = []
-            total = sum(e.adapter.nbytes for e in self._entries.values())
+            total = sum(e.plan.nbytes for e in self._entries.values())
             for old in list(self._entries):
                 if total <= self.budget_bytes:
                     break
                 if old == key or old in keep:
                     continue
-                total -= self._entries.pop(old).adapter.nbytes
+                total -= self._entries.pop(old).plan.nbytes
                 evicted.append(old)
             return evicted
 
@@ -92,4 +93,4 @@ class HostCache:
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(e.adapter.nbytes for e in self._entries.values())
+            return sum(e.plan.nbytes for e in self._entries.values())

@@ -23,7 +23,7 @@ from enum import Enum
 from core.errors import LoraplexError
 from server.adapters.errors import AdapterTooLarge, ModelNotFound
 from server.adapters.eviction import Candidate, choose_victims, decayed, share_excess
-from server.adapters.fetch import AdapterFetcher, HostAdapter
+from server.adapters.fetch import AdapterFetcher
 from server.adapters.host_cache import HostCache
 from server.adapters.sources import AdapterSource, LocalSource
 from server.engine import LLMEngine
@@ -147,8 +147,13 @@ class AdapterManager:
             return
         entry.state = LoadState.FETCHING
         entry.load_tier = "local" if isinstance(source, LocalSource) else "store"
-        future = self._executor.submit(self.fetcher.fetch, source)
+        future = self._executor.submit(self._load, key, source)
         future.add_done_callback(lambda f: self.post(lambda: self._fetched(key, f)))
+
+    def _load(self, key: str, source: AdapterSource) -> AdapterPlan:
+        """On a loader thread: fetch, verify and parse the weights, then pack them for the pool, so the engine
+        thread only copies pages."""
+        return self.adapters.plan(key, self.fetcher.fetch(source))
 
     def pin(self, key: str, pinned: bool) -> None:
         """Pinned adapters are never evicted (neither idle TTL nor pressure)."""
@@ -241,13 +246,13 @@ class AdapterManager:
         key = entry.key
         return self.adapters.is_resident(key) and not self.adapters.in_use(key) and not entry.pinned
 
-    def _fetched(self, key: str, future: Future[HostAdapter]) -> None:
+    def _fetched(self, key: str, future: Future[AdapterPlan]) -> None:
         now = self.clock()
         entry = self._entries.get(key)
         if entry is None:
             return
         try:
-            adapter = future.result()
+            plan = future.result()
         except LoraplexError as exc:
             log.info("adapter %s refused: %s", key, exc.message)
             self._fetch_failed(entry, exc, now)
@@ -260,26 +265,21 @@ class AdapterManager:
             self._fetch_failed(entry, ModelNotFound(f"adapter {key} was unloaded while it loaded", param="model"), now)
             return
         keep = {k for k, e in self._entries.items() if e.pinned or e.state is LoadState.PLACING}
-        for evicted in self.host.put(key, adapter, now, keep=keep):
+        for evicted in self.host.put(key, plan, now, keep=keep):
             if evicted != key:
                 self.metrics.adapter_evictions.labels("host_lru").inc()
-        self._queue_placement(entry, adapter)  # even if every asker left: it was wanted, and TTLs clean up
+        self._queue_placement(entry, plan)  # even if every asker left: it was wanted, and TTLs clean up
 
     def _fetch_failed(self, entry: AdapterEntry, error: LoraplexError, now: float) -> None:
         entry.state = LoadState.IDLE
         self._fail(entry, error)
         self._settle(entry, now)
 
-    def _queue_placement(self, entry: AdapterEntry, adapter: HostAdapter) -> None:
-        """Plan the adapter's pages once (refusing what this server cannot place), then queue it to be placed."""
-        try:
-            plan = self.adapters.plan(entry.key, adapter.weights, adapter.identity or None)
-        except LoraplexError as exc:
-            self._fetch_failed(entry, exc, self.clock())
-            return
+    def _queue_placement(self, entry: AdapterEntry, plan: AdapterPlan) -> None:
+        """Queue a packed adapter to be placed as soon as its pages and a slot can be had."""
         entry.state = LoadState.PLACING
         entry.plan = plan
-        entry.nbytes = adapter.nbytes
+        entry.nbytes = plan.nbytes
         self._placing.append(entry.key)
 
     def _place_pending(self, now: float) -> None:

@@ -69,8 +69,7 @@ class ResidentAdapters:
         if name in self._resident:
             raise AdapterAlreadyLoaded(f"adapter {name!r} is already loaded", param="lora_name")
         slot, pages = self._pages.write(plan)
-        ranks = {key: t.a.shape[0] for key, t in plan.weights.modules.items()}
-        adapter = ResidentAdapter(name, slot, tuple(pages), plan.max_rank, ranks, plan.identity)
+        adapter = ResidentAdapter(name, slot, tuple(pages), plan.max_rank, plan.module_ranks, plan.identity)
         self._resident[name] = adapter
         return adapter
 

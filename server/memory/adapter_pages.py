@@ -55,19 +55,36 @@ class Placement:
     offset: int  # element offset inside the page
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AdapterPlan:
-    """Where an adapter's rows will go, worked out once: :meth:`AdapterPages.write` places exactly this."""
+    """An adapter packed for the pool, worked out once and off the engine thread: the contents of its pages and
+    where each row sits in them. :meth:`AdapterPages.write` places exactly this with one page copy, so a placement
+    between engine steps costs microseconds, not a pass over every row. The host tier keeps plans, not weights."""
 
-    weights: AdapterWeights
     ranks: dict[tuple[int, int], int]  # (layer, projection index) -> rank
     num_pages: int
     placements: tuple[Placement, ...]
+    image: torch.Tensor  # [num_pages, page_elems] in the arena's dtype (pinned when the arena is on a GPU)
+    a_offsets: torch.Tensor  # int64 [layers, projections, max_rank]: each A row's start in the image; -1: none
+    b_offsets: torch.Tensor  # the same for B^T rows
+    rank_table: torch.Tensor  # int32 [layers, projections]
+    scales: torch.Tensor  # float32 [layers, projections]
     identity: bytes = b""  # content digest (:func:`weights_identity`): the prefix cache keys its KV pages by it
 
     @property
     def max_rank(self) -> int:
-        return self.weights.max_rank
+        return max(self.ranks.values(), default=0)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes this plan holds (what the host tier budgets)."""
+        tensors = (self.image, self.a_offsets, self.b_offsets, self.rank_table, self.scales)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def module_ranks(self) -> dict[tuple[int, str], int]:
+        """Rank by ``(layer, projection name)``."""
+        return {(layer, PROJECTIONS[p]): r for (layer, p), r in self.ranks.items()}
 
 
 def weights_identity(weights: AdapterWeights) -> bytes:
@@ -148,10 +165,11 @@ class AdapterPages:
         return len(self._free_slots)
 
     def plan(self, name: str, weights: AdapterWeights, identity: bytes | None = None) -> AdapterPlan:
-        """Check the weights against the base model and this server's limits, then pack them into pages.
+        """Check the weights against the base model and this server's limits, then pack them into page images.
 
-        ``identity`` is the weights' :func:`weights_identity` when the caller already computed it (off the engine
-        thread); otherwise it is computed here."""
+        Reads only what never changes after start-up (shapes, page size, dtype), so any thread may plan; the
+        adapter loader does, so the engine thread only copies pages. ``identity`` is the weights'
+        :func:`weights_identity` when the caller already has it; otherwise it is computed here."""
         if weights.max_rank > self.tables.max_rank:
             raise AdapterRankTooLarge(
                 f"adapter {name!r} has rank {weights.max_rank}; this server serves ranks up to {self.tables.max_rank}",
@@ -161,10 +179,47 @@ class AdapterPages:
         ranks = _ranks_of(weights)
         page_elems = self.pool.page_elems
         num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, page_elems), page_elems)
-        return AdapterPlan(weights, ranks, num_pages, tuple(placements), identity or weights_identity(weights))
+        image = torch.zeros(num_pages * page_elems, dtype=self.pool.arena.dtype)
+        row_shape = self.tables.a_rows.shape[1:]
+        a_offsets = torch.full(row_shape, -1, dtype=torch.int64)
+        b_offsets = torch.full(row_shape, -1, dtype=torch.int64)
+        for placement in placements:
+            block = placement.block
+            start = placement.page * page_elems + placement.offset
+            offsets = (a_offsets if block.kind == "A" else b_offsets)[block.layer]
+            chunks, k = [], 0
+            # A block's rows are runs of consecutive row indices of one projection: copy each run as a slice.
+            for p, run in groupby(block.rows, key=lambda row: row[0]):
+                idx = [i for _, i in run]
+                lo, hi = idx[0], idx[-1] + 1
+                tensors = weights.modules[(block.layer, PROJECTIONS[p])]
+                chunks.append(tensors.a[lo:hi] if block.kind == "A" else tensors.b[:, lo:hi].T)
+                offsets[p, lo:hi] = start + (k + torch.arange(hi - lo, dtype=torch.int64)) * block.width
+                k += hi - lo
+            image[start : start + block.elems] = torch.cat(chunks).reshape(-1)
+        rank_table = torch.zeros(row_shape[:-1], dtype=torch.int32)
+        scales = torch.zeros(row_shape[:-1], dtype=torch.float32)
+        for (layer, proj), tensors in weights.modules.items():
+            p = PROJECTIONS.index(proj)
+            rank_table[layer, p] = tensors.a.shape[0]
+            scales[layer, p] = tensors.scale
+        image = image.view(num_pages, page_elems)
+        if self.pool.arena.is_cuda:
+            image = image.pin_memory()  # placement's host-to-device copy then runs without staging
+        return AdapterPlan(
+            ranks,
+            num_pages,
+            tuple(placements),
+            image,
+            a_offsets,
+            b_offsets,
+            rank_table,
+            scales,
+            identity or weights_identity(weights),
+        )
 
     def write(self, plan: AdapterPlan) -> tuple[int, list[int]]:
-        """Copy a planned adapter's rows into freshly allocated pages and publish them in a free slot.
+        """Copy a planned adapter's page images into freshly allocated pages and publish them in a free slot.
 
         Returns ``(slot, pages)``. All or nothing: on ``NoFreeAdapterSlot`` or ``PoolExhausted`` nothing is taken.
         """
@@ -172,38 +227,23 @@ class AdapterPages:
             raise NoFreeAdapterSlot(f"all {self.tables.max_slots} adapter slots are in use; unload one first")
         pages = self.pool.allocate(plan.num_pages, PageUse.ADAPTER)
         slot = self._free_slots.pop()
-        weights = plan.weights
-        shape = self.tables.a_rows.shape[1:]
-        a_rows = torch.zeros(shape, dtype=torch.int64)
-        b_rows = torch.zeros(shape, dtype=torch.int64)
-        ranks_t = torch.zeros(shape[:-1], dtype=torch.int32)
-        scales = torch.zeros(shape[:-1], dtype=torch.float32)
-        for (layer, proj), tensors in weights.modules.items():
-            p = PROJECTIONS.index(proj)
-            ranks_t[layer, p] = tensors.a.shape[0]
-            scales[layer, p] = tensors.scale
-        for placement in plan.placements:
-            block = placement.block
-            base = pages[placement.page] * self.pool.page_elems + placement.offset
-            offsets = (a_rows if block.kind == "A" else b_rows)[block.layer]
-            chunks, k = [], 0
-            # A block's rows are runs of consecutive row indices of one projection: copy and index each
-            # run as a slice rather than row by row (placement sits between engine steps).
-            for p, run in groupby(block.rows, key=lambda row: row[0]):
-                idx = [i for _, i in run]
-                lo, hi = idx[0], idx[-1] + 1
-                tensors = weights.modules[(block.layer, PROJECTIONS[p])]
-                chunks.append(tensors.a[lo:hi] if block.kind == "A" else tensors.b[:, lo:hi].T)
-                offsets[p, lo:hi] = base + (k + torch.arange(hi - lo, dtype=torch.int64)) * block.width
-                k += hi - lo
-            data = torch.cat(chunks).reshape(-1).to(self.pool.arena.dtype)
-            self.pool.arena[base : base + block.elems].copy_(data)
-        device = self.tables.a_rows.device
-        self.tables.a_rows[slot].copy_(a_rows.to(device))
-        self.tables.b_rows[slot].copy_(b_rows.to(device))
-        self.tables.ranks[slot].copy_(ranks_t.to(device))
-        self.tables.scales[slot].copy_(scales.to(device))
-        self.slot_max_rank[slot] = weights.max_rank
+        page_elems = self.pool.page_elems
+        index = torch.tensor(pages, dtype=torch.int64)
+        device = self.pool.arena.device
+        image = plan.image.to(device, non_blocking=True)
+        self.pool.arena.view(-1, page_elems).index_copy_(0, index.to(device), image)
+
+        def rows(offsets: torch.Tensor) -> torch.Tensor:
+            """Image offsets to arena offsets: the plan's page k is ``pages[k]``; absent rows stay 0."""
+            placed = offsets.clamp(min=0)
+            absolute = index[placed // page_elems] * page_elems + placed % page_elems
+            return torch.where(offsets >= 0, absolute, 0).to(self.tables.a_rows.device)
+
+        self.tables.a_rows[slot].copy_(rows(plan.a_offsets))
+        self.tables.b_rows[slot].copy_(rows(plan.b_offsets))
+        self.tables.ranks[slot].copy_(plan.rank_table.to(device))
+        self.tables.scales[slot].copy_(plan.scales.to(device))
+        self.slot_max_rank[slot] = plan.max_rank
         return slot, pages
 
     def clear(self, slot: int, pages: list[int]) -> None:

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from core.adapter_format import AdapterWeights, LoraTensors
-from server.adapters.fetch import HostAdapter, weights_nbytes
+from core.adapter_format import AdapterWeights, BaseShapes, LoraTensors
+from core.projections import NUM_PROJECTIONS
+from loraplex_kernels import KVGeometry, LoraTables
 from server.adapters.host_cache import HostCache
+from server.memory.adapter_pages import AdapterPages, AdapterPlan
+from server.memory.pool import PagePool
+
+SHAPES = BaseShapes(num_layers=1, hidden_size=64, intermediate_size=64, q_size=64, kv_size=64)
+PAGES = AdapterPages(
+    PagePool(KVGeometry(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4), 4, torch.float32, "cpu"),
+    LoraTables.empty(2, 1, 64, num_projections=NUM_PROJECTIONS),
+    SHAPES,
+)
 
 
-def adapter(rank: int = 2) -> HostAdapter:
-    weights = AdapterWeights({(0, "q_proj"): LoraTensors(torch.zeros(rank, 8), torch.zeros(8, rank), 1.0)})
-    return HostAdapter(weights, weights_nbytes(weights))
+def adapter(rank: int = 2) -> AdapterPlan:
+    weights = AdapterWeights({(0, "q_proj"): LoraTensors(torch.zeros(rank, 64), torch.zeros(64, rank), 1.0)})
+    return PAGES.plan("a", weights)
 
 
-SIZE = adapter().nbytes  # 2 * 2 * 8 * 4 bytes
+SIZE = adapter().nbytes  # page images and row tables; a rank-64 adapter is more than twice that
 
 
 def test_least_recently_used_entries_leave_past_the_budget():
