@@ -75,6 +75,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--decoding-step-tokens", type=int, default=256, help="our engine's tokens per step while requests decode"
     )
+    parser.add_argument(
+        "--step-stretch", type=float, default=3.0,
+        help="our engine's bound on a step with prompt chunks, in decode-only steps (0: only the token budget)",
+    )  # fmt: skip
     parser.add_argument("--max-batch", type=int, help="baseline requests per adapter batch (default: N)")
     args = parser.parse_args()
     if args.requests is not None and args.duration is not None:
@@ -191,6 +195,7 @@ def main() -> None:
             args.threads,
             args.step_tokens,
             args.decoding_step_tokens,
+            args.step_stretch,
         )
         results = {}
         for label in ("ours", "PEFT"):

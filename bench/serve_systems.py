@@ -34,6 +34,7 @@ class OursOptions:
     threads: int
     step_tokens: int = 2048
     decoding_step_tokens: int = 256
+    step_stretch: float = 3.0  # 0: the static token budget
 
 
 @dataclass
@@ -139,6 +140,7 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
         "--threads", str(options.threads),
         "--max-num-batched-tokens", str(options.step_tokens),
         "--step-tokens-while-decoding", str(options.decoding_step_tokens),
+        "--step-stretch", str(options.step_stretch),
     ]  # fmt: skip
     env = child_env(workdir, options.threads)
     process = ManagedProcess("loraplex server", argv, workdir / "logs" / "ours.log", env=env).start()

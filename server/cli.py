@@ -46,6 +46,14 @@ def register(app: typer.Typer) -> None:
                 "(lower: steadier inter-token latency and first tokens under load; higher: faster prefill)."
             ),
         ] = 256,
+        step_stretch: Annotated[
+            float,
+            typer.Option(
+                help="A step carrying prompt chunks beside decodes takes at most this many times a decode-only step "
+                "(measured as the server runs), within --step-tokens-while-decoding. Lower: steadier inter-token "
+                "latency; higher: faster prefill. 0: no time bound, only the token cap."
+            ),
+        ] = 3.0,
         max_lora_rank: Annotated[
             int | None, typer.Option(help="Largest adapter rank (default: LORAPLEX_MAX_LORA_RANK).")
         ] = None,
@@ -116,6 +124,7 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens,
                 step_tokens_while_decoding=step_tokens_while_decoding,
+                step_stretch=step_stretch,
                 max_lora_rank=max_lora_rank or settings.max_lora_rank,
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,

@@ -30,6 +30,7 @@ class ServerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per engine step; smaller keeps decodes flowing while prompts prefill
     step_tokens_while_decoding: int | None = 256  # per step while anything decodes; None: max_num_batched_tokens
+    step_stretch: float = 3.0  # within that, a step with prompt chunks takes at most this x a decode-only one; 0: off
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
@@ -77,6 +78,8 @@ class ServerConfig:
             raise ConfigError("--max-adapters-per-batch must be >= 1")
         if self.step_tokens_while_decoding is not None and self.step_tokens_while_decoding < 1:
             raise ConfigError("--step-tokens-while-decoding must be >= 1")
+        if self.step_stretch != 0 and not self.step_stretch > 1.0:
+            raise ConfigError("--step-stretch must be above 1 (or 0: no time bound)")
         if self.adapter_idle_ttl <= 0 or self.host_idle_ttl <= 0:
             raise ConfigError("--adapter-idle-ttl and --host-idle-ttl must be > 0 seconds")
         if self.host_idle_ttl < self.adapter_idle_ttl:
@@ -109,6 +112,7 @@ class ServerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             step_tokens_while_decoding=self.step_tokens_while_decoding,
+            step_stretch=self.step_stretch,
             max_adapters=self.max_resident_adapters,
             max_adapters_per_batch=self.adapters_per_batch,
             adapter_turn_steps=self.adapter_turn_steps,

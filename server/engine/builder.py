@@ -20,6 +20,7 @@ from server.engine.resident_adapters import ResidentAdapters
 from server.engine.sampler import Sampler
 from server.engine.scheduler import Scheduler
 from server.engine.step_buffers import StepBuffers
+from server.engine.step_costs import StepCosts
 from server.memory.adapter_pages import AdapterPages, row_alignment
 from server.memory.block_manager import BlockManager, blocks_for
 from server.memory.pool import PagePool
@@ -137,6 +138,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         AdapterTurns(config.max_adapters_per_batch or config.max_adapters, config.adapter_turn_steps),
         fcfs=not config.fair_scheduling,
         step_tokens_while_decoding=config.step_tokens_while_decoding,
+        costs=StepCosts(config.step_stretch) if config.step_stretch else None,
     )
     buffers = StepBuffers(
         config.max_num_batched_tokens, config.max_num_seqs, blocks_for(max_model_len, config.block_size), device

@@ -27,6 +27,9 @@ class EngineConfig:
     # While any sequence decodes, a step computes at most this many tokens: decodes first, prefill chunks get the
     # rest (at least a page). Keeps inter-token latency steady under long prompts; None: max_num_batched_tokens.
     step_tokens_while_decoding: int | None = 256
+    # Within that cap, a step carrying prompt chunks beside decodes may take at most this many times a decode-only
+    # step, by step costs measured online (server.engine.step_costs); 0: no time bound, only the cap.
+    step_stretch: float = 3.0
     enable_prefix_caching: bool = True  # reuse full KV pages of equal prefixes under the same adapter
     fair_scheduling: bool = True  # admit by priority class, then weighted fair share of tokens per tenant; off: FCFS
     max_adapters: int = 32  # adapter slots resident at once
@@ -55,6 +58,8 @@ class EngineConfig:
             raise ConfigError("EngineConfig.max_adapters_per_batch must be >= 1")
         if self.step_tokens_while_decoding is not None and self.step_tokens_while_decoding < 1:
             raise ConfigError("EngineConfig.step_tokens_while_decoding must be >= 1")
+        if self.step_stretch != 0 and not self.step_stretch > 1.0:
+            raise ConfigError("EngineConfig.step_stretch must be above 1 (or 0: no time bound)")
         for name in (
             "max_num_seqs",
             "max_num_batched_tokens",

@@ -198,6 +198,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Admit queued work, run one batched forward pass, and report every request that progressed."""
+        started = time.perf_counter()
         touched, self._aborted = self._aborted, set()
         batch = self.scheduler.schedule()
         now = time.monotonic()
@@ -212,7 +213,12 @@ class LLMEngine:
             for seq, token_id, logprob in results:
                 self._append_token(seq, token_id, logprob, now)
                 touched.add(seq.request_id)
-        return self._collect(touched, now)
+        outputs = self._collect(touched, now)
+        if self.scheduler.costs is not None and not batch.is_empty:
+            decodes = sum(1 for item in batch.scheduled if item.num_new_tokens == 1)
+            prompt_tokens = batch.num_tokens - decodes
+            self.scheduler.costs.observe(decodes, prompt_tokens, time.perf_counter() - started)
+        return outputs
 
     def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> None:
         request = self._requests[seq.request_id]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from server.engine.adapter_turns import AdapterTurns
 from server.engine.fair_queue import FairQueue
 from server.engine.sequence import Sequence, SequenceStatus
+from server.engine.step_costs import StepCosts
 from server.memory.block_manager import BlockManager
 
 
@@ -65,11 +66,15 @@ class Scheduler:
         turns: AdapterTurns | None = None,
         fcfs: bool = False,
         step_tokens_while_decoding: int | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         # Tokens per step while some sequence decodes (decodes first; prefill chunks get the rest, at least a page).
         self.step_tokens_while_decoding = step_tokens_while_decoding or max_num_batched_tokens
+        # With step costs, prompt chunks beside decodes may stretch a decode-only step's time so far, within that cap
+        # (:mod:`server.engine.step_costs`); without, they get whatever the cap leaves.
+        self.costs = costs
         self.max_num_seqs = max_num_seqs
         self.enable_chunked_prefill = enable_chunked_prefill
         self.turns = turns or AdapterTurns(max_adapters_per_batch=1 << 30, turn_steps=1)
@@ -123,14 +128,17 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         # While anything decodes, prefill chunks get what is left of a smaller step, so decodes keep their pace.
         decoding = sum(1 for s in self.running if s.num_uncomputed_tokens == 1)
+        page = self.block_manager.block_size
+        room = max(page, self.step_tokens_while_decoding - decoding)  # what the token cap leaves prompt chunks
         prefill = budget
         if decoding and self.enable_chunked_prefill:
-            prefill = max(self.block_manager.block_size, self.step_tokens_while_decoding - decoding)
+            # Step costs bound prompt chunks beside decodes in time too (server.engine.step_costs).
+            prefill = room if self.costs is None else self.costs.prompt_budget(decoding, room, page)
         if not decoding:
             reserved = 0
-        # While others decode, a quiet tenant's first chunk goes first and alone: the step that answers its first
-        # token stays short. Running prefills wait that one step.
-        reserved, prefill = (min(reserved, prefill), 0) if reserved else (0, prefill)
+        # While others decode, a quiet tenant's first chunk goes first and alone, within the token cap but not the
+        # time bound: its first token is the latency at stake. Running prefills wait that one step.
+        reserved, prefill = (min(reserved, room), 0) if reserved else (0, prefill)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]

@@ -1,0 +1,119 @@
+"""Steady decodes against prefill speed: our server at several ``--step-stretch`` values, same HTTP load.
+
+The stretch bounds a step that carries prompt chunks beside decodes to that many times a decode-only step
+(``server/engine/step_costs.py``); 0 leaves only the token cap (``--step-tokens-while-decoding``). Workload as
+in ``bench/serve.py --quick``: a random-init Llama (hidden 256, 4 layers), 8 PEFT adapters of rank 8/16/32 with
+at most 4 resident, 8 streaming clients in a closed loop, Zipf adapter popularity, prompts of 16-128 tokens,
+8-64 out, greedy with ``ignore_eos``. Each round draws a new request sequence and runs it on a fresh server per
+stretch value, values interleaved, so machine noise hits them alike.
+
+Prints per value: output tok/s, TTFT p50, inter-token latency p50/p90/p99 and p99/p50 (means over rounds), and
+each value's tok/s and ITL p99 as ratios to the first value's measured in the same rounds.
+Run: ``python bench/step_stretch.py [--stretch 0 2 3] [--rounds 3] [--requests 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads cost more than they bring on shared cores
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
+
+from bench.common import RANKS, adapter_dir_name, make_adapters
+from bench.serve_load import LoadPlan, run_load
+from bench.serve_stats import percentile
+from bench.serve_systems import OursOptions, start_ours
+from bench.serve_workload import LengthRange, WorkItem, workload
+from core.tiny_model import TinyModelSpec, make_tiny_model
+
+ADAPTERS, RESIDENT, CLIENTS = 8, 4, 8
+PROMPTS, OUTPUTS = LengthRange.parse("16:128"), LengthRange.parse("8:64")
+
+
+@dataclass
+class Rounds:
+    """One stretch value's figures, a list entry per round."""
+
+    tok_s: list[float] = field(default_factory=list)
+    ttft_p50: list[float] = field(default_factory=list)
+    itl: list[tuple[float, float, float]] = field(default_factory=list)  # p50, p90, p99 in seconds
+
+
+def one_round(
+    model_dir: Path, adapter_root: Path, workdir: Path, stretch: float, items: list[WorkItem]
+) -> tuple[float, float, tuple[float, float, float]]:
+    """A fresh server at ``stretch`` under ``items``: output tok/s, TTFT p50, ITL p50/p90/p99."""
+    options = OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), 1, 2048, 256, stretch)
+    server = start_ours(model_dir, adapter_root, workdir, options)
+    try:
+        server.wait_ready()
+        warm = iter([WorkItem(-1, 0, list(range(10, 42)), 4)])
+        asyncio.run(run_load(server.base_url, [model_dir.name], warm, LoadPlan(clients=1, requests=1)))
+        names = [adapter_dir_name(i) for i in range(ADAPTERS)]
+        records, wall = asyncio.run(run_load(server.base_url, names, iter(items), LoadPlan(CLIENTS, len(items))))
+    finally:
+        server.stop()
+    done = [r for r in records if r.error is None]
+    if len(done) < len(records):
+        raise SystemExit(f"stretch {stretch}: {len(records) - len(done)} requests failed")
+    gaps = [g for r in done for g in r.token_gaps()]
+    ttfts = [t for r in done if (t := r.ttft()) is not None]
+    itl = (percentile(gaps, 50), percentile(gaps, 90), percentile(gaps, 99))
+    return sum(r.output_tokens for r in done) / wall, percentile(ttfts, 50), itl
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--stretch", type=float, nargs="+", default=[0.0, 2.0, 3.0], help="values; the first is the base"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200, help="requests per server per round")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="loraplex-bench-stretch-"))
+    try:
+        spec = TinyModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, seed=0)
+        model_dir = make_tiny_model(workdir / "base", spec)
+        adapter_root = workdir / "adapters"
+        adapter_root.mkdir()
+        make_adapters(model_dir, adapter_root, ADAPTERS)
+        print(f"{CLIENTS} streaming clients, {args.requests} requests a round, {ADAPTERS} adapters "
+              f"({RESIDENT} resident), prompts 16-128, outputs 8-64; stretch {args.stretch}, "
+              f"{args.rounds} rounds")  # fmt: skip
+        results = {value: Rounds() for value in args.stretch}
+        for round_no in range(args.rounds):
+            stream = workload(ADAPTERS, 1.0, PROMPTS, OUTPUTS, seed=round_no)
+            items = list(itertools.islice(stream, args.requests))
+            for value in args.stretch:
+                tok_s, ttft, itl = one_round(model_dir, adapter_root, workdir, value, items)
+                results[value].tok_s.append(tok_s)
+                results[value].ttft_p50.append(ttft)
+                results[value].itl.append(itl)
+                print(f"round {round_no} stretch {value:g}: {tok_s:7.1f} tok/s, TTFT p50 {1e3 * ttft:6.1f} ms, "
+                      f"ITL p50/p90/p99 {'/'.join(f'{1e3 * x:.1f}' for x in itl)} ms", flush=True)  # fmt: skip
+        base = results[args.stretch[0]]
+        print(f"\n{'stretch':>8} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8} {'p90':>6} {'p99':>6} {'p99/p50':>8} "
+              f"{'tok/s vs first':>15} {'ITL p99 vs first':>17}")  # fmt: skip
+        for value, r in results.items():
+            p50, p90, p99 = (statistics.fmean(x[k] for x in r.itl) for k in range(3))
+            tok_ratio = statistics.fmean(a / b for a, b in zip(r.tok_s, base.tok_s, strict=True))
+            p99_ratio = statistics.fmean(a[2] / b[2] for a, b in zip(r.itl, base.itl, strict=True))
+            print(f"{value:>8g} {statistics.fmean(r.tok_s):>8.1f} {1e3 * statistics.fmean(r.ttft_p50):>7.1f}ms "
+                  f"{1e3 * p50:>6.1f}ms {1e3 * p90:>6.1f} {1e3 * p99:>6.1f} {p99 / p50:>8.2f} "
+                  f"{tok_ratio:>15.2f} {p99_ratio:>17.2f}")  # fmt: skip
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
