@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import Sequence, SequenceStatus
+from server.engine.step_costs import StepCosts
 from server.engine.tenancy import Priority, Tenancy
 from tests.unit.engine.test_scheduler import finish_step, make_scheduler, make_seq
 
@@ -179,9 +181,21 @@ def test_every_request_starts_and_the_pool_ends_empty(arrivals, budget, max_seqs
     assert pool.stats().free_pages == pool.stats().total_pages
 
 
-def test_a_quiet_tenants_first_chunk_runs_beside_decodes_only():
-    """The step answering a quiet tenant's first token carries the others' decodes but not their prefills."""
+def tight_step_costs() -> StepCosts:
+    """Costs under which the stretch leaves prompt chunks beside a few decodes no more than a page."""
+    costs = StepCosts(stretch=1.5)
+    for decodes in (2, 4, 6) * 4:
+        costs.observe(decodes, 0, 1e-3)
+    costs.observe(4, 100, 1e-3 + 100 * 1e-3)  # a prompt token costs a whole decode-only step
+    return costs
+
+
+@pytest.mark.parametrize("costs", [None, tight_step_costs()], ids=["token cap", "step costs"])
+def test_a_quiet_tenants_first_chunk_runs_beside_decodes_only(costs: StepCosts | None):
+    """The step answering a quiet tenant's first token carries the others' decodes but not their prefills, and
+    its chunk is bounded by the token cap, not by the stretch (its first token is the latency at stake)."""
     pool_scheduler, _ = make_scheduler(pages=256, budget=256, max_seqs=16)
+    pool_scheduler.costs = costs
     sim = Simulation(pool_scheduler)
     busy = [sim.add(4, "busy") for _ in range(4)]
     sim.step()

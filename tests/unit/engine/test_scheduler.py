@@ -10,6 +10,7 @@ from server.engine.adapter_turns import AdapterTurns
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
 from server.engine.sequence import Sequence, SequenceStatus
+from server.engine.step_costs import StepCosts
 from server.memory.block_manager import BlockManager
 from server.memory.pool import PagePool
 
@@ -247,13 +248,19 @@ def test_held_admissions_start_nothing_beside_running_work():
     assert (1, 4) in plan(scheduler.schedule())
 
 
-def test_while_sequences_decode_prefill_chunks_get_what_is_left_of_a_smaller_step():
+def eight_decoding(step_tokens_while_decoding: int, costs: StepCosts | None = None) -> Scheduler:
+    """A scheduler whose sequences 0-7 have prefilled their 4-token prompts and decode from the next step on."""
     pool = PagePool(GEOMETRY, 256, torch.float32, "cpu")
-    scheduler = Scheduler(BlockManager(pool, 16, 0), 256, 64, step_tokens_while_decoding=40)
-    decoders = [make_seq(i, 4) for i in range(8)]
-    for seq in decoders:
-        scheduler.add(seq)
+    scheduler = Scheduler(BlockManager(pool, 16, 0), 256, 64, step_tokens_while_decoding=step_tokens_while_decoding,
+                          costs=costs)  # fmt: skip
+    for i in range(8):
+        scheduler.add(make_seq(i, 4))
     finish_step(scheduler.schedule())  # nothing decodes yet: the prompts take what they need
+    return scheduler
+
+
+def test_while_sequences_decode_prefill_chunks_get_what_is_left_of_a_smaller_step():
+    scheduler = eight_decoding(40)
     scheduler.add(make_seq(100, 200))
     out = scheduler.schedule()
     assert plan(out)[:8] == [(i, 1) for i in range(8)] and plan(out)[8] == (100, 32)  # 40 - 8 decodes
@@ -267,18 +274,11 @@ def test_while_sequences_decode_prefill_chunks_get_what_is_left_of_a_smaller_ste
 
 
 def test_with_step_costs_prompt_chunks_beside_decodes_fit_the_stretch_of_a_decode_only_step():
-    from server.engine.step_costs import StepCosts
-
     costs = StepCosts(stretch=2.0)
     for decodes in (2, 4, 8, 12) * 4:  # 3 ms a step plus 0.25 ms a decode; a prompt token costs 0.125 ms
         costs.observe(decodes, 0, 3e-3 + 0.25e-3 * decodes)
     costs.observe(8, 64, 3e-3 + 0.25e-3 * 8 + 0.125e-3 * 64)
-    pool = PagePool(GEOMETRY, 256, torch.float32, "cpu")
-    scheduler = Scheduler(BlockManager(pool, 16, 0), 256, 64, step_tokens_while_decoding=256, costs=costs)
-    decoders = [make_seq(i, 4) for i in range(8)]
-    for seq in decoders:
-        scheduler.add(seq)
-    finish_step(scheduler.schedule())  # nothing decodes yet: the prompts take what they need
+    scheduler = eight_decoding(256, costs)
     scheduler.add(make_seq(100, 500))
     out = scheduler.schedule()
     # A decode-only step of 8 takes 5 ms; a stretch of 2 leaves 5 ms for the prompt: 40 tokens, not 256 - 8.
