@@ -44,6 +44,7 @@ from bench.serve_stats import RequestRecord, RunSummary, ratio, same_tokens, sum
 from bench.serve_systems import OursOptions, ServerUnderTest, delta, start_baseline, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from core.tiny_model import TinyModelSpec, make_tiny_model
+from server.engine.step_costs import DEFAULT_STRETCH
 
 # name: (hidden, layers, adapters, clients, requests, prompt lengths, output lengths)
 PRESETS = {
@@ -76,7 +77,7 @@ def parse_args() -> argparse.Namespace:
         "--decoding-step-tokens", type=int, default=256, help="our engine's tokens per step while requests decode"
     )
     parser.add_argument(
-        "--step-stretch", type=float, default=3.0,
+        "--step-stretch", type=float, default=DEFAULT_STRETCH,
         help="our engine's bound on a step with prompt chunks, in decode-only steps (0: only the token budget)",
     )  # fmt: skip
     parser.add_argument("--max-batch", type=int, help="baseline requests per adapter batch (default: N)")

@@ -17,6 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.local_services import LOOPBACK, ManagedProcess, free_port
+from server.engine.step_costs import DEFAULT_STRETCH
 
 BASELINE_SCRIPT = Path(__file__).resolve().with_name("baseline_server.py")
 ADAPTER_LOADS = "loraplex_adapter_loads"
@@ -34,7 +35,7 @@ class OursOptions:
     threads: int
     step_tokens: int = 2048
     decoding_step_tokens: int = 256
-    step_stretch: float = 3.0  # 0: the static token budget
+    step_stretch: float = DEFAULT_STRETCH  # 0: the token cap only
 
 
 @dataclass

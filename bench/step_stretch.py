@@ -35,6 +35,7 @@ from bench.serve_stats import percentile
 from bench.serve_systems import OursOptions, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from core.tiny_model import TinyModelSpec, make_tiny_model
+from server.engine.step_costs import DEFAULT_STRETCH
 
 ADAPTERS, RESIDENT, CLIENTS = 8, 4, 8
 PROMPTS, OUTPUTS = LengthRange.parse("16:128"), LengthRange.parse("8:64")
@@ -75,7 +76,7 @@ def one_round(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--stretch", type=float, nargs="+", default=[0.0, 2.0, 3.0], help="values; the first is the base"
+        "--stretch", type=float, nargs="+", default=[0.0, 2.0, DEFAULT_STRETCH], help="values; the first is the base"
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200, help="requests per server per round")

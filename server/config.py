@@ -9,6 +9,7 @@ from pathlib import Path
 from core.errors import ConfigError
 from core.protocol import HEARTBEAT_S
 from server.engine import EngineConfig
+from server.engine.step_costs import DEFAULT_STRETCH
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 
@@ -30,7 +31,7 @@ class ServerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per engine step; smaller keeps decodes flowing while prompts prefill
     step_tokens_while_decoding: int | None = 256  # per step while anything decodes; None: max_num_batched_tokens
-    step_stretch: float = 3.0  # within that, a step with prompt chunks takes at most this x a decode-only one; 0: off
+    step_stretch: float = DEFAULT_STRETCH  # a step with prompt chunks: at most this x a decode-only one; 0: off
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident

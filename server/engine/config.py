@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import ConfigError
+from server.engine.step_costs import DEFAULT_STRETCH
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,7 +30,7 @@ class EngineConfig:
     step_tokens_while_decoding: int | None = 256
     # Within that cap, a step carrying prompt chunks beside decodes may take at most this many times a decode-only
     # step, by step costs measured online (server.engine.step_costs); 0: no time bound, only the cap.
-    step_stretch: float = 3.0
+    step_stretch: float = DEFAULT_STRETCH
     enable_prefix_caching: bool = True  # reuse full KV pages of equal prefixes under the same adapter
     fair_scheduling: bool = True  # admit by priority class, then weighted fair share of tokens per tenant; off: FCFS
     max_adapters: int = 32  # adapter slots resident at once

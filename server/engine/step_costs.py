@@ -14,7 +14,7 @@ thread count and the device. Until both have been seen, the static cap applies.
 
 from __future__ import annotations
 
-DEFAULT_STRETCH = 3.0  # prompt chunks may add twice a decode-only step (docs/scheduling.md has the measurements)
+DEFAULT_STRETCH = 3.0  # prompt chunks may add twice a decode-only step (docs/performance.md has the measurements)
 MIN_DECODE_WEIGHT = 4.0  # decode-only steps (decayed count) before T(D) is trusted
 MIN_SLOPE_SPREAD = 0.25  # variance of D below which T(D) is taken as flat (the slope is not identifiable)
 
