@@ -15,7 +15,6 @@ Run: ``python bench/step_stretch.py [--stretch 0 2 3] [--rounds 3] [--requests 2
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import os
 import shutil
@@ -30,15 +29,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads cost mo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
 from bench.common import RANKS, adapter_dir_name, make_adapters
-from bench.serve_load import LoadPlan, run_load
+from bench.serve import PRESETS, measure
 from bench.serve_stats import percentile
 from bench.serve_systems import OursOptions, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine.step_costs import DEFAULT_STRETCH
 
-ADAPTERS, RESIDENT, CLIENTS = 8, 4, 8
-PROMPTS, OUTPUTS = LengthRange.parse("16:128"), LengthRange.parse("8:64")
+# The serving benchmark's quick preset: same model, adapters, clients and lengths.
+HIDDEN, LAYERS, ADAPTERS, CLIENTS, _, PROMPT_LEN, OUTPUT_LEN = PRESETS["quick"]
+RESIDENT = ADAPTERS // 2
 
 
 @dataclass
@@ -53,24 +53,20 @@ class Rounds:
 def one_round(
     model_dir: Path, adapter_root: Path, workdir: Path, stretch: float, items: list[WorkItem]
 ) -> tuple[float, float, tuple[float, float, float]]:
-    """A fresh server at ``stretch`` under ``items``: output tok/s, TTFT p50, ITL p50/p90/p99."""
+    """A fresh server at ``stretch`` under ``items``, measured as ``bench/serve.py`` measures it: output tok/s,
+    TTFT p50, ITL p50/p90/p99."""
     options = OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), 1, 2048, 256, stretch)
     server = start_ours(model_dir, adapter_root, workdir, options)
+    load = argparse.Namespace(clients=CLIENTS, requests=len(items), duration=None)
     try:
-        server.wait_ready()
-        warm = iter([WorkItem(-1, 0, list(range(10, 42)), 4)])
-        asyncio.run(run_load(server.base_url, [model_dir.name], warm, LoadPlan(clients=1, requests=1)))
         names = [adapter_dir_name(i) for i in range(ADAPTERS)]
-        records, wall = asyncio.run(run_load(server.base_url, names, iter(items), LoadPlan(CLIENTS, len(items))))
+        summary, records = measure(server, model_dir.name, names, items, load)
     finally:
         server.stop()
-    done = [r for r in records if r.error is None]
-    if len(done) < len(records):
-        raise SystemExit(f"stretch {stretch}: {len(records) - len(done)} requests failed")
-    gaps = [g for r in done for g in r.token_gaps()]
-    ttfts = [t for r in done if (t := r.ttft()) is not None]
-    itl = (percentile(gaps, 50), percentile(gaps, 90), percentile(gaps, 99))
-    return sum(r.output_tokens for r in done) / wall, percentile(ttfts, 50), itl
+    if summary.errors:
+        raise SystemExit(f"stretch {stretch}: requests failed: {summary.errors}")
+    gaps = [g for r in records for g in r.token_gaps()]
+    return summary.tokens_per_s, summary.ttft_p50, (summary.itl_p50, percentile(gaps, 90), summary.itl_p99)
 
 
 def main() -> None:
@@ -83,17 +79,19 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="loraplex-bench-stretch-"))
     try:
-        spec = TinyModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, seed=0)
+        spec = TinyModelSpec(hidden=HIDDEN, layers=LAYERS, heads=4, kv_heads=2, seed=0)
         model_dir = make_tiny_model(workdir / "base", spec)
         adapter_root = workdir / "adapters"
         adapter_root.mkdir()
         make_adapters(model_dir, adapter_root, ADAPTERS)
         print(f"{CLIENTS} streaming clients, {args.requests} requests a round, {ADAPTERS} adapters "
-              f"({RESIDENT} resident), prompts 16-128, outputs 8-64; stretch {args.stretch}, "
+              f"({RESIDENT} resident), prompts {PROMPT_LEN}, outputs {OUTPUT_LEN}; stretch {args.stretch}, "
               f"{args.rounds} rounds")  # fmt: skip
         results = {value: Rounds() for value in args.stretch}
         for round_no in range(args.rounds):
-            stream = workload(ADAPTERS, 1.0, PROMPTS, OUTPUTS, seed=round_no)
+            stream = workload(
+                ADAPTERS, 1.0, LengthRange.parse(PROMPT_LEN), LengthRange.parse(OUTPUT_LEN), seed=round_no
+            )
             items = list(itertools.islice(stream, args.requests))
             for value in args.stretch:
                 tok_s, ttft, itl = one_round(model_dir, adapter_root, workdir, value, items)

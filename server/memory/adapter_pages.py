@@ -63,7 +63,6 @@ class AdapterPlan:
 
     ranks: dict[tuple[int, int], int]  # (layer, projection index) -> rank
     num_pages: int
-    placements: tuple[Placement, ...]
     image: torch.Tensor  # [num_pages, page_elems] in the arena's dtype (pinned when the arena is on a GPU)
     a_offsets: torch.Tensor  # int64 [layers, projections, max_rank]: each A row's start in the image; -1: none
     b_offsets: torch.Tensor  # the same for B^T rows
@@ -179,6 +178,30 @@ class AdapterPages:
         ranks = _ranks_of(weights)
         page_elems = self.pool.page_elems
         num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, page_elems), page_elems)
+        image, a_offsets, b_offsets = self._pack(weights, num_pages, placements)
+        table_shape = self.tables.ranks.shape[1:]
+        rank_table = torch.zeros(table_shape, dtype=torch.int32)
+        scales = torch.zeros(table_shape, dtype=torch.float32)
+        for (layer, proj), tensors in weights.modules.items():
+            p = PROJECTIONS.index(proj)
+            rank_table[layer, p] = tensors.a.shape[0]
+            scales[layer, p] = tensors.scale
+        return AdapterPlan(
+            ranks,
+            num_pages,
+            image,
+            a_offsets,
+            b_offsets,
+            rank_table,
+            scales,
+            identity or weights_identity(weights),
+        )
+
+    def _pack(
+        self, weights: AdapterWeights, num_pages: int, placements: list[Placement]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pages' contents as :meth:`write` copies them, and each A and B^T row's start in them (-1: none)."""
+        page_elems = self.pool.page_elems
         image = torch.zeros(num_pages * page_elems, dtype=self.pool.arena.dtype)
         row_shape = self.tables.a_rows.shape[1:]
         a_offsets = torch.full(row_shape, -1, dtype=torch.int64)
@@ -197,26 +220,10 @@ class AdapterPages:
                 offsets[p, lo:hi] = start + (k + torch.arange(hi - lo, dtype=torch.int64)) * block.width
                 k += hi - lo
             image[start : start + block.elems] = torch.cat(chunks).reshape(-1)
-        rank_table = torch.zeros(row_shape[:-1], dtype=torch.int32)
-        scales = torch.zeros(row_shape[:-1], dtype=torch.float32)
-        for (layer, proj), tensors in weights.modules.items():
-            p = PROJECTIONS.index(proj)
-            rank_table[layer, p] = tensors.a.shape[0]
-            scales[layer, p] = tensors.scale
         image = image.view(num_pages, page_elems)
         if self.pool.arena.is_cuda:
             image = image.pin_memory()  # placement's host-to-device copy then runs without staging
-        return AdapterPlan(
-            ranks,
-            num_pages,
-            tuple(placements),
-            image,
-            a_offsets,
-            b_offsets,
-            rank_table,
-            scales,
-            identity or weights_identity(weights),
-        )
+        return image, a_offsets, b_offsets
 
     def write(self, plan: AdapterPlan) -> tuple[int, list[int]]:
         """Copy a planned adapter's page images into freshly allocated pages and publish them in a free slot.
