@@ -22,12 +22,19 @@ class HostEntry:
 
 
 class HostCache:
-    """LRU of adapter plans by key; ``put`` evicts the least recently used entries past ``budget_bytes``."""
+    """LRU of adapter plans by key; ``put`` evicts the least recently used entries past ``budget_bytes``.
+
+    The engine thread asks it something every step, and it may hold thousands of adapters: no call walks
+    more entries than it drops (or keeps on purpose). That rests on the LRU order being ``last_used`` order,
+    which holds because callers pass a monotonic clock.
+    """
 
     def __init__(self, budget_bytes: int, idle_ttl: float) -> None:
         self.budget_bytes = budget_bytes
         self.idle_ttl = idle_ttl
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()
+        self._nbytes = 0
+        self._keys: tuple[str, ...] | None = ()  # membership as of the last change; None once stale
         self._lock = threading.Lock()  # for readers on other threads (metrics, heartbeat)
 
     def get(self, key: str, now: float) -> AdapterPlan | None:
@@ -51,25 +58,34 @@ class HostCache:
         if plan.nbytes > self.budget_bytes:
             return [key]
         with self._lock:
+            if (replaced := self._entries.pop(key, None)) is not None:
+                self._nbytes -= replaced.plan.nbytes
+            self._keys = None
             self._entries[key] = HostEntry(plan, now)
-            self._entries.move_to_end(key)
+            self._nbytes += plan.nbytes
             evicted = []
-            total = sum(e.plan.nbytes for e in self._entries.values())
             for old in list(self._entries):
-                if total <= self.budget_bytes:
+                if self._nbytes <= self.budget_bytes:
                     break
                 if old == key or old in keep:
                     continue
-                total -= self._entries.pop(old).plan.nbytes
+                self._nbytes -= self._entries.pop(old).plan.nbytes
                 evicted.append(old)
             return evicted
 
     def expire(self, now: float, keep: Collection[str] = ()) -> list[str]:
         """Drop entries idle for ``idle_ttl`` or longer (except ``keep``); returns their keys."""
         with self._lock:
-            gone = [k for k, e in self._entries.items() if now - e.last_used >= self.idle_ttl and k not in keep]
+            gone = []
+            for key, entry in self._entries.items():
+                if now - entry.last_used < self.idle_ttl:
+                    break  # the rest were used more recently still
+                if key not in keep:
+                    gone.append(key)
             for key in gone:
-                del self._entries[key]
+                self._nbytes -= self._entries.pop(key).plan.nbytes
+            if gone:
+                self._keys = None
             return gone
 
     def next_expiry(self, keep: Collection[str] = ()) -> float | None:
@@ -80,17 +96,26 @@ class HostCache:
 
     def drop(self, key: str) -> bool:
         with self._lock:
-            return self._entries.pop(key, None) is not None
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return False
+            self._nbytes -= entry.plan.nbytes
+            self._keys = None
+            return True
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
             return key in self._entries
 
-    def keys(self) -> list[str]:
+    def keys(self) -> tuple[str, ...]:
+        """The cached keys (least recently used first as of the last put or drop). The same tuple until one
+        arrives or leaves: the engine loop publishes it every step."""
         with self._lock:
-            return list(self._entries)
+            if self._keys is None:
+                self._keys = tuple(self._entries)
+            return self._keys
 
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(e.plan.nbytes for e in self._entries.values())
+            return self._nbytes

@@ -105,6 +105,7 @@ class AdapterManager:
         self.clock = clock
         self._entries: dict[str, AdapterEntry] = {}
         self._placing: list[str] = []
+        self._pinned: set[str] = set()  # keys of pinned entries
         self._executor = ThreadPoolExecutor(max_workers=load_workers, thread_name_prefix="adapter-loader")
         self._page_seconds: dict[str, float] = {}
         self._lock = threading.Lock()  # guards _page_seconds
@@ -160,6 +161,10 @@ class AdapterManager:
         entry = self._entries.get(key)
         if entry is not None:
             entry.pinned = pinned
+            if pinned:
+                self._pinned.add(key)
+            else:
+                self._pinned.discard(key)
 
     def forget(self, key: str, now: float) -> None:
         """Drop ``key`` from every tier: at once where unused, otherwise when its last request ends."""
@@ -169,6 +174,7 @@ class AdapterManager:
         if entry is None:
             return
         entry.forgotten, entry.pinned = True, False
+        self._pinned.discard(key)
         if entry.state is LoadState.PLACING:
             self._placing.remove(key)
             entry.plan = None
@@ -187,10 +193,11 @@ class AdapterManager:
     # ----- the engine thread's periodic work ------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Place fetched adapters, apply idle TTLs, account residency."""
+        """Place fetched adapters, apply idle TTLs, account residency. Runs before every engine step, so it
+        walks the pool's adapters (a few dozen) and never every adapter host RAM or the registry knows."""
         self._account(now)
         self._place_pending(now)
-        for entry in list(self._entries.values()):
+        for entry in self._resident_entries():
             idle = now - entry.last_used
             if self._evictable(entry) and idle >= self.limits.pool_idle_ttl:
                 self._unload(entry, "idle", now)
@@ -210,7 +217,7 @@ class AdapterManager:
 
     def next_deadline(self) -> float | None:
         """The earliest moment an idle TTL may expire."""
-        deadlines = [e.last_used + self.limits.pool_idle_ttl for e in self._entries.values() if self._evictable(e)]
+        deadlines = [e.last_used + self.limits.pool_idle_ttl for e in self._resident_entries() if self._evictable(e)]
         host_expiry = self.host.next_expiry(keep=self._host_keep())
         if host_expiry is not None:
             deadlines.append(host_expiry)
@@ -233,13 +240,14 @@ class AdapterManager:
             entry = self._entries[key] = AdapterEntry(key, source)
         return entry
 
+    def _resident_entries(self) -> list[AdapterEntry]:
+        return [e for k in self.adapters.resident if (e := self._entries.get(k)) is not None]
+
     def _host_keep(self) -> set[str]:
-        """Keys host RAM must hold on to whatever their age: in use, wanted, pinned, or about to be placed."""
-        return {
-            k
-            for k, e in self._entries.items()
-            if e.pinned or e.waiters or e.state is LoadState.PLACING or self.adapters.in_use(k)
-        }
+        """Keys host RAM must hold on to whatever their age: in use, pinned, or about to be placed (an entry
+        still fetching is not in host RAM yet; every other one with waiters is placing)."""
+        in_use = {k for k in self.adapters.resident if self.adapters.in_use(k)}
+        return in_use | self._pinned | set(self._placing)
 
     def _evictable(self, entry: AdapterEntry) -> bool:
         """Resident, and neither used by a request nor pinned."""
@@ -264,7 +272,7 @@ class AdapterManager:
         if entry.forgotten:
             self._fetch_failed(entry, ModelNotFound(f"adapter {key} was unloaded while it loaded", param="model"), now)
             return
-        keep = {k for k, e in self._entries.items() if e.pinned or e.state is LoadState.PLACING}
+        keep = self._pinned | set(self._placing)
         for evicted in self.host.put(key, plan, now, keep=keep):
             if evicted != key:
                 self.metrics.adapter_evictions.labels("host_lru").inc()
@@ -333,7 +341,7 @@ class AdapterManager:
         return True
 
     def _candidates(self, now: float) -> list[Candidate]:
-        entries = [e for e in self._entries.values() if self._evictable(e)]
+        entries = [e for e in self._resident_entries() if self._evictable(e)]
         excess = self._owner_excess() if entries else {}
         return [
             Candidate(
@@ -380,6 +388,7 @@ class AdapterManager:
             return
         if not resident and entry.state is LoadState.IDLE and (entry.forgotten or entry.key not in self.host):
             self._entries.pop(entry.key, None)
+            self._pinned.discard(entry.key)
 
     def _fail(self, entry: AdapterEntry, error: LoraplexError) -> None:
         waiters, entry.waiters = entry.waiters, []
@@ -387,7 +396,7 @@ class AdapterManager:
             waiter(error)
 
     def _account(self, now: float, only: AdapterEntry | None = None) -> None:
-        entries = [only] if only is not None else list(self._entries.values())
+        entries = [only] if only is not None else self._resident_entries()
         with self._lock:
             for e in entries:
                 pages = self._pages(e.key)
@@ -399,5 +408,5 @@ class AdapterManager:
         """What is where right now (engine thread; others read the copy the engine loop publishes)."""
         return TierSnapshot(
             resident={name: adapter.num_pages for name, adapter in self.adapters.resident.items()},
-            host=tuple(self.host.keys()),
+            host=self.host.keys(),
         )

@@ -33,7 +33,7 @@ def test_least_recently_used_entries_leave_past_the_budget():
     assert cache.put("b", adapter(), now=1) == []
     cache.get("a", now=2)  # a is now more recent than b
     assert cache.put("c", adapter(), now=3) == ["b"]
-    assert cache.keys() == ["a", "c"] and cache.nbytes == 2 * SIZE
+    assert cache.keys() == ("a", "c") and cache.nbytes == 2 * SIZE
 
 
 def test_kept_keys_survive_the_budget_and_oversize_adapters_are_not_cached():
@@ -53,4 +53,18 @@ def test_idle_entries_expire_unless_kept():
     assert cache.next_expiry(keep={"old", "busy"}) == 9  # kept entries never wake anyone up
     assert cache.expire(now=5, keep={"busy"}) == ["old"]
     assert sorted(cache.keys()) == ["busy", "new"]
-    assert cache.expire(now=9) == ["busy", "new"] and cache.keys() == []
+    assert cache.expire(now=9) == ["busy", "new"] and cache.keys() == ()
+
+
+def test_the_byte_count_follows_every_put_replace_drop_and_expiry():
+    cache = HostCache(budget_bytes=3 * SIZE, idle_ttl=5)
+    cache.put("a", adapter(), now=0)
+    cache.put("a", adapter(), now=1)  # the same key again replaces, it does not add
+    cache.put("b", adapter(), now=2)
+    assert cache.nbytes == 2 * SIZE
+    assert cache.drop("a") and not cache.drop("a")
+    assert cache.nbytes == SIZE
+    cache.put("c", adapter(), now=3)
+    assert cache.expire(now=7) == ["b"] and cache.nbytes == SIZE  # c, used at 3, is not idle yet
+    assert cache.put("d", adapter(), now=8) == [] and cache.put("e", adapter(), now=9) == []
+    assert cache.put("f", adapter(), now=10) == ["c"] and cache.nbytes == 3 * SIZE
