@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from bench.load_platform import SoakPlatform, Tenant
+from bench.sse import sse_lines
 
 OK = "ok"
 RATE_LIMITED = "rate_limited"
@@ -106,7 +107,7 @@ def _judge_body(body: bytes) -> str:
 
 async def _judge_stream(response: httpx.Response) -> str:
     done = finished = False
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         if not line.startswith("data: "):
             continue
         data = line.removeprefix("data: ")

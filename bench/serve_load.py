@@ -17,7 +17,7 @@ import httpx
 
 from bench.serve_stats import RequestRecord
 from bench.serve_workload import WorkItem
-from bench.sse import DONE, SseParser, chunk_token_ids, chunk_tokens, parse_chunk
+from bench.sse import DONE, SseParser, chunk_token_ids, chunk_tokens, parse_chunk, sse_lines
 from core.protocol import STATS_FIELD
 
 
@@ -70,7 +70,7 @@ async def send(client: httpx.AsyncClient, url: str, model: str, item: WorkItem) 
 async def _read_stream(response: httpx.Response, record: RequestRecord) -> None:
     parser = SseParser()
     streamed, usage_tokens, done = 0, None, False
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         data = parser.feed(line)
         if data is None:
             continue

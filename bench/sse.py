@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 DONE = "[DONE]"
+_LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the only line ends of an event stream
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The stream's lines, split where the SSE spec splits them: at CRLF, LF or CR, and nowhere else.
+
+    httpx's ``aiter_lines`` splits as ``str.splitlines`` does, also at U+0085, U+2028 and the other separators
+    a JSON string may carry unescaped (vLLM sends non-ASCII text raw), which cuts such an event in two."""
+    pending = ""
+    async for text in response.aiter_text():
+        pending += text
+        held = "\r" if pending.endswith("\r") else ""  # maybe the first half of a CRLF: wait for the next text
+        *lines, pending = _LINE_BREAK.split(pending[: len(pending) - len(held)])
+        pending += held
+        for line in lines:
+            yield line
+    if pending:
+        *lines, last = _LINE_BREAK.split(pending)
+        for line in lines:
+            yield line
+        if last:
+            yield last
 
 
 @dataclass

@@ -9,7 +9,7 @@ import httpx
 
 from bench.serve_load import LoadPlan, run_load, send
 from bench.serve_workload import WorkItem
-from bench.sse import DONE, SseParser, chunk_token_ids, chunk_tokens
+from bench.sse import DONE, SseParser, chunk_token_ids, chunk_tokens, sse_lines
 
 
 def events(lines: list[str]) -> list[str]:
@@ -34,7 +34,9 @@ def test_token_counts_prefer_token_ids_over_text() -> None:
 
 
 def sse(*payloads: dict | str) -> bytes:
-    return "".join(f"data: {p if isinstance(p, str) else json.dumps(p)}\n\n" for p in payloads).encode()
+    return "".join(
+        f"data: {p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)}\n\n" for p in payloads
+    ).encode()
 
 
 def fake_server(request: httpx.Request) -> httpx.Response:
@@ -43,11 +45,33 @@ def fake_server(request: httpx.Request) -> httpx.Response:
     model = body["model"]
     if model == "busy":
         return httpx.Response(429, json={"error": {"message": "queue full", "code": "overloaded"}})
-    chunks: list[dict | str] = [{"choices": [{"text": "x", "token_ids": [i]}]} for i in range(body["max_tokens"])]
+    # Raw U+2028 and U+0085 in the text, as vLLM sends them: line separators to str.splitlines, not to SSE.
+    text = "x\u2028\x85"
+    chunks: list[dict | str] = [{"choices": [{"text": text, "token_ids": [i]}]} for i in range(body["max_tokens"])]
     if model == "broken":
         return httpx.Response(200, content=sse(*chunks[:1]))
     usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}, "loraplex": {"cold_start": True}}
     return httpx.Response(200, content=sse(*chunks, usage, DONE), headers={"content-type": "text/event-stream"})
+
+
+def test_stream_lines_end_only_at_cr_lf_or_crlf_even_across_chunks() -> None:
+    pieces = [b"data: a\xe2\x80\xa8b\r", b"\ndata: c\x1cd\r", b"\r\n", b"\ndata: last"]  # U+2028, then FS
+
+    async def lines() -> list[str]:
+        response = httpx.Response(200, stream=httpx.ByteStream(b"".join(pieces)))
+        response.stream = _Pieces(pieces)  # one network read per piece
+        return [line async for line in sse_lines(response)]
+
+    assert asyncio.run(lines()) == ["data: a\u2028b", "data: c\x1cd", "", "", "data: last"]
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self):
+        for piece in self.pieces:
+            yield piece
 
 
 async def send_one(model: str, max_tokens: int = 3):
