@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import torch
 from core.projections import PROJECTIONS
 
 RANKS = (8, 16, 32)
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def adapter_dir_name(index: int) -> str:
@@ -36,6 +39,30 @@ def make_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path
                     param.normal_(0.0, 0.02)
         path = out_dir / adapter_dir_name(i)
         model.save_pretrained(path)
+        dirs.append(path)
+    return dirs
+
+
+def make_many_adapters(base_dir: Path, out_dir: Path, num_adapters: int) -> list[Path]:
+    """``num_adapters`` distinct adapters, fast: the first three (ranks 8/16/32) through PEFT as in
+    :func:`make_adapters`, every later one a copy of the same rank's config with fresh random weights of the
+    same shapes and scale (building a PEFT model per adapter takes seconds; thousands would take an hour)."""
+    from safetensors.torch import load_file, save_file
+
+    templates = make_adapters(base_dir, out_dir, min(num_adapters, len(RANKS)))
+    weights = [load_file(t / ADAPTER_WEIGHTS) for t in templates]
+    dirs = list(templates)
+    for i in range(len(templates), num_adapters):
+        template = i % len(RANKS)
+        generator = torch.Generator().manual_seed(100 + i)
+        fresh = {
+            name: torch.randn(t.shape, generator=generator, dtype=t.dtype) * t.float().std().clamp_min(1e-3)
+            for name, t in weights[template].items()
+        }
+        path = out_dir / adapter_dir_name(i)
+        path.mkdir()
+        shutil.copyfile(templates[template] / ADAPTER_CONFIG, path / ADAPTER_CONFIG)
+        save_file(fresh, path / ADAPTER_WEIGHTS)
         dirs.append(path)
     return dirs
 

@@ -1,8 +1,9 @@
 """The servers under test, as child processes on loopback: how each is started, when it is ready, what it counted.
 
 Our server is ``loraplex server`` with the adapters as directories under ``--adapter-root``, loaded on
-demand into a pool that holds fewer of them than the workload uses. The peer is
-``bench/baseline_server.py`` with every adapter loaded up front.
+demand into a pool that holds fewer of them than the workload uses. The peers are
+``bench/baseline_server.py`` (transformers + PEFT) with every adapter loaded up front, and vLLM's CPU build
+(``bench/vllm_cpu_env.sh`` makes its venv) resolving adapters from the same directory on first use.
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ class OursOptions:
     step_tokens: int = 2048
     decoding_step_tokens: int = 256
     step_stretch: float = DEFAULT_STRETCH  # 0: the token cap only
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """How vLLM is started, set as a user would for the same pool: ``max_loras`` adapters in its batch slots
+    (our pool's resident adapters), ``max_cpu_loras`` in host RAM (our host tier)."""
+
+    python: Path  # the venv interpreter from bench/vllm_cpu_env.sh
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int
+    threads: int
+    kv_cache_gib: int = 1
+    max_model_len: int = 2048
 
 
 @dataclass
@@ -77,11 +92,38 @@ class ServerUnderTest:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` from ``/proc`` (Linux)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    """utime + stime of ``pid`` and its live descendants from ``/proc`` (Linux): vLLM runs its engine in a
+    child process."""
+    return sum(_own_cpu_seconds(p) for p in [pid, *_descendants(pid)])
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # it exited meanwhile
+        return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces; skip past it
     utime, stime = int(fields[11]), int(fields[12])
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def counter_by_label(exposition: str, family: str, label: str) -> dict[str, float]:
@@ -146,6 +188,41 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
     env = child_env(workdir, options.threads)
     process = ManagedProcess("loraplex server", argv, workdir / "logs" / "ours.log", env=env).start()
     return ServerUnderTest("ours", process, f"http://{LOOPBACK}:{port}", "/ready", has_metrics=True)
+
+
+def start_vllm(model_dir: Path, adapter_root: Path, workdir: Path, options: VllmOptions) -> ServerUnderTest:
+    """vLLM's OpenAI server on a free port (not yet ready: call ``wait_ready``). Adapters are not listed up
+    front: its filesystem resolver loads ``adapter_root/<model>`` the first time a request names it, as our
+    ``--adapter-root`` does. The base model is served under its directory name, as ours is."""
+    port = free_port()
+    argv = [
+        str(options.python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),  # the adapters' base_model_name_or_path: the resolver checks it
+        "--served-model-name", model_dir.name,
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", str(options.max_model_len),
+        "--enable-lora",
+        "--max-loras", str(options.max_loras),
+        "--max-cpu-loras", str(options.max_cpu_loras),
+        "--max-lora-rank", str(options.max_lora_rank),
+        "--disable-log-stats",
+        "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    env = child_env(workdir, options.threads)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=str(options.kv_cache_gib),
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # OMP_NUM_THREADS threads, unpinned, like the other servers
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",  # lets a resolver add adapters while serving
+        VLLM_PLUGINS="lora_filesystem_resolver",
+        VLLM_LORA_RESOLVER_CACHE_DIR=str(adapter_root),
+        VLLM_NO_USAGE_STATS="1",  # no traffic off this machine
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+    )
+    process = ManagedProcess("vLLM server", argv, workdir / "logs" / "vllm.log", env=env).start()
+    return ServerUnderTest("vLLM", process, f"http://{LOOPBACK}:{port}", "/health", has_metrics=False)
 
 
 def start_baseline(
