@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import time
 
 import pytest
 
 from bench.serve_stats import RequestRecord, percentile, ratio, same_tokens, summarize, table
-from bench.serve_systems import counter_by_label, delta
+from bench.serve_systems import counter_by_label, delta, process_cpu_seconds
 
 
 @pytest.mark.parametrize(
@@ -91,3 +94,30 @@ def test_adapter_load_counters_are_read_from_the_exposition(declared: str) -> No
     before = counter_by_label(exposition, "loraplex_adapter_loads", "tier")
     assert before == {"local": 3.0, "host": 5.0}
     assert delta({"local": 4.0, "host": 5.0, "store": 1.0}, before) == {"local": 1.0, "host": 0.0, "store": 1.0}
+
+
+SPIN = "import sys, time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\nsys.stdin.read()"
+WAIT_FOR_CHILD = (
+    "import subprocess, sys\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {SPIN!r}], stdin=subprocess.PIPE)\n"
+    "print(child.pid, flush=True)\n"
+    "sys.stdin.read()\n"
+    "child.kill()\n"
+)
+
+
+def test_a_servers_cpu_seconds_include_its_child_processes() -> None:
+    """vLLM runs its engine in a child process: the server's CPU time must count it."""
+    parent = subprocess.Popen([sys.executable, "-c", WAIT_FOR_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while process_cpu_seconds(child) < 0.45 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process_cpu_seconds(child) >= 0.45
+        assert process_cpu_seconds(parent.pid) >= 0.45  # the parent itself only waits: most of this is its child's
+    finally:
+        parent.kill()
+        parent.wait()
