@@ -63,14 +63,15 @@ class HostCache:
             self._keys = None
             self._entries[key] = HostEntry(plan, now)
             self._nbytes += plan.nbytes
-            evicted = []
-            for old in list(self._entries):
-                if self._nbytes <= self.budget_bytes:
+            evicted, excess = [], self._nbytes - self.budget_bytes
+            for old, entry in self._entries.items():  # least recently used first, and only as far as needed
+                if excess <= 0:
                     break
-                if old == key or old in keep:
-                    continue
+                if old != key and old not in keep:
+                    evicted.append(old)
+                    excess -= entry.plan.nbytes
+            for old in evicted:
                 self._nbytes -= self._entries.pop(old).plan.nbytes
-                evicted.append(old)
             return evicted
 
     def expire(self, now: float, keep: Collection[str] = ()) -> list[str]:
