@@ -32,8 +32,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads cost mo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
-from bench.common import ADAPTER_WEIGHTS, RANKS, adapter_dir_name, make_many_adapters
-from bench.scale_table import BASE, Phase, PhaseResult, phases, plot, rotated, scale_retention, table
+from bench.common import ADAPTER_WEIGHTS, RANKS, adapter_dir_name, bench_model, make_many_adapters
+from bench.scale_table import (
+    BASE,
+    UNIFORM,
+    ZIPF,
+    Phase,
+    PhaseResult,
+    phases,
+    plot,
+    rotated,
+    scale_retention,
+    table,
+)
 from bench.serve import measure
 from bench.serve_stats import same_tokens
 from bench.serve_systems import (
@@ -45,14 +56,14 @@ from bench.serve_systems import (
     start_vllm,
 )
 from bench.serve_workload import LengthRange, WorkItem, workload
-from core.tiny_model import TinyModelSpec, make_tiny_model
+from core.tiny_model import make_tiny_model
+from server.config import DEFAULT_HOST_CACHE_BYTES
 
 # hidden, layers, counts, clients, requests per phase, prompt tokens, output tokens, resident adapters
 PRESETS = {
     "full": (512, 8, [1, 16, 64, 512, 2048], 16, 192, "16:128", "16:64", 32),
     "quick": (256, 4, [1, 16, 64], 8, 96, "16:128", "16:64", 8),
 }
-HOST_CACHE_BYTES = 4 << 30  # our server's default host tier
 
 
 def parse_args() -> argparse.Namespace:
@@ -140,7 +151,7 @@ def run_phase(
 
 
 def warm_up(server: ServerUnderTest, model_dir: Path, args: argparse.Namespace) -> None:
-    items = phase_items(Phase(1, "zipf"), args, turn=-1)[: 2 * args.clients]
+    items = phase_items(Phase(1, ZIPF), args, turn=-1)[: 2 * args.clients]
     load = argparse.Namespace(clients=args.clients, requests=len(items), duration=None)
     measure(server, model_dir.name, [adapter_dir_name(0)], items, load)
 
@@ -155,7 +166,7 @@ def describe(args: argparse.Namespace, adapter_bytes: float, max_cpu_loras: int)
         f"{args.prompt_len}, outputs {args.output_len} tokens, greedy, EOS ignored"
     )
     say(f"tiers: {args.resident} adapters in our pool and in vLLM's --max-loras; host RAM: ours "
-        f"{HOST_CACHE_BYTES >> 20} MiB, vLLM --max-cpu-loras {max_cpu_loras} (the same bytes); "
+        f"{DEFAULT_HOST_CACHE_BYTES >> 20} MiB, vLLM --max-cpu-loras {max_cpu_loras} (the same bytes); "
         f"{args.threads} torch thread(s) per server; PEFT runs counts <= {args.peft_max}")  # fmt: skip
     say(f"machine: {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M')}; systems {', '.join(args.systems)}")
 
@@ -167,18 +178,18 @@ def report(results: list[PhaseResult], args: argparse.Namespace) -> None:
     say("(* a peer's row that does not count: errors, or greedy tokens that differ from ours)")
     say()
     for system in args.systems:
-        for popularity in ("zipf", "uniform"):
+        for popularity in (ZIPF, UNIFORM):
             kept = scale_retention(results, system, popularity)
             if kept:
                 shown = ", ".join(f"{count}: {value:.0%}" for count, value in sorted(kept.items()))
                 say(f"{system:>5} {popularity:<8} tok/s kept vs 1 adapter: {shown}")
     by_count = {(r.phase.count, r.phase.popularity): r for r in results}
     most = max(args.counts)
-    for (count, popularity), label in (((16, "zipf"), "16 adapters"), ((BASE, "zipf"), "base model")):
+    for (count, popularity), label in (((16, ZIPF), "16 adapters"), ((BASE, ZIPF), "base model")):
         r = by_count.get((count, popularity))
         if r is not None and "vLLM" in r.runs:
             say(f"RESULT {label}: ours/vLLM tok/s {r.ratio('ours', 'vLLM'):.2f}")
-    for popularity in ("zipf", "uniform"):
+    for popularity in (ZIPF, UNIFORM):
         kept = scale_retention(results, "ours", popularity).get(most)
         if kept is not None:
             say(f"RESULT {most} adapters ({popularity}): ours keeps {kept:.0%} of its 1-adapter tok/s")
@@ -190,14 +201,12 @@ def main() -> None:
     servers: dict[str, ServerUnderTest] = {}
     started = time.perf_counter()
     try:
-        spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=8 if args.hidden >= 512 else 4,
-                             kv_heads=4 if args.hidden >= 512 else 2, seed=0)  # fmt: skip
-        model_dir = make_tiny_model(workdir / "base", spec)
+        model_dir = make_tiny_model(workdir / "base", bench_model(args.hidden, args.layers))
         adapter_root = workdir / "adapters"
         adapter_root.mkdir()
         dirs = make_many_adapters(model_dir, adapter_root, max(args.counts))
         adapter_bytes = sum((d / ADAPTER_WEIGHTS).stat().st_size for d in dirs) / len(dirs)
-        max_cpu_loras = max(args.resident, min(len(dirs), int(HOST_CACHE_BYTES // adapter_bytes)))
+        max_cpu_loras = max(args.resident, min(len(dirs), int(DEFAULT_HOST_CACHE_BYTES // adapter_bytes)))
         say(f"{len(dirs)} adapters written in {time.perf_counter() - started:.0f} s")
         describe(args, adapter_bytes, max_cpu_loras)
         servers["ours"] = start_ours(model_dir, adapter_root, workdir, OursOptions(

@@ -10,10 +10,17 @@ from typing import Any
 import torch
 
 from core.projections import PROJECTIONS
+from core.tiny_model import TinyModelSpec
 
 RANKS = (8, 16, 32)
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def bench_model(hidden: int, layers: int) -> TinyModelSpec:
+    """The serving benchmarks' random-init Llama: 8 query / 4 KV heads from hidden 512 up, else 4 / 2."""
+    large = hidden >= 512
+    return TinyModelSpec(hidden=hidden, layers=layers, heads=8 if large else 4, kv_heads=4 if large else 2, seed=0)
 
 
 def adapter_dir_name(index: int) -> str:

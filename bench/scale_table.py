@@ -120,7 +120,7 @@ def table(results: Sequence[PhaseResult], systems: Sequence[str]) -> list[str]:
 
 def plot(results: Sequence[PhaseResult], systems: Sequence[str], path: Path, title: str) -> None:
     """Output tok/s against the number of adapters (log scale), a line per system and popularity; the base
-    model's figure as a dashed line per system. Needs matplotlib (``pip install -e '.[bench]'``)."""
+    model's figure as a dotted line per system. Needs matplotlib (``pip install -e '.[bench]'``)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -38,7 +38,7 @@ from transformers.utils import logging as transformers_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
-from bench.common import RANKS, adapter_dir_name, make_adapters
+from bench.common import RANKS, adapter_dir_name, bench_model, make_adapters
 from bench.serve_load import LoadPlan, run_load
 from bench.serve_stats import RequestRecord, RunSummary, ratio, same_tokens, summarize, table
 from bench.serve_systems import OursOptions, ServerUnderTest, delta, start_baseline, start_ours
@@ -173,8 +173,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     transformers_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # PEFT's deprecation notices from transformers
-    spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=8 if args.hidden >= 512 else 4,
-                         kv_heads=4 if args.hidden >= 512 else 2, seed=0)  # fmt: skip
+    spec = bench_model(args.hidden, args.layers)
     items = None
     if args.duration is None:
         items = list(itertools.islice(_endless(args), args.requests))
