@@ -15,6 +15,8 @@ from core.thread_options import ServerThreads
 def register(app: typer.Typer) -> None:
     """Add ``loraplex server`` to the CLI."""
 
+    # Defaults are literals: importing the configs would load torch for every `loraplex` command.
+    # tests/unit/server/test_cli_defaults.py holds them to ServerConfig's.
     @app.command("server")
     def server_cmd(
         model: Annotated[
