@@ -39,22 +39,24 @@ from server.offline import LLM
 NUM_ADAPTERS, SYSTEM_PROMPT = 8, 512
 SUFFIX, OUTPUT = (32, 128), (16, 64)
 VOCAB_LOW, VOCAB_HIGH = 3, 250  # token ids drawn from the tiny model's byte range
-Request = tuple[list[int], str, int]  # prompt token ids, adapter, max_tokens
+Request = tuple[list[int], int, int]  # prompt token ids, adapter index, max_tokens
 
 
-def workload(num_requests: int, shared: bool, seed: int = 0) -> list[Request]:
-    """``(prompt token ids, adapter, max_tokens)`` per request; ``shared``: one system prompt per adapter."""
-    rng = random.Random(seed)
+def workload(num_requests: int, shared: bool, seed: int = 0, draw: int = 0) -> list[Request]:
+    """``(prompt token ids, adapter index, max_tokens)`` per request; ``shared``: one system prompt per adapter.
+    ``seed`` fixes the system prompts and ``draw`` the rest, so draws of one seed differ only in what follows
+    the system prompts (a server whose cache is warm from one draw hits on the next one's system prompts only)."""
+    system_rng, rng = random.Random(seed), random.Random(f"{seed}/{draw}")
 
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)]
+    def tokens(n: int, source: random.Random) -> list[int]:
+        return [source.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)]
 
-    systems = [tokens(SYSTEM_PROMPT) for _ in range(NUM_ADAPTERS)]
+    systems = [tokens(SYSTEM_PROMPT, system_rng) for _ in range(NUM_ADAPTERS)]
     requests = []
     for i in range(num_requests):
-        suffix = tokens(rng.randint(*SUFFIX))
-        head = systems[i % NUM_ADAPTERS] if shared else tokens(SYSTEM_PROMPT)
-        requests.append((head + suffix, f"a{i % NUM_ADAPTERS}", rng.randint(*OUTPUT)))
+        suffix = tokens(rng.randint(*SUFFIX), rng)
+        head = systems[i % NUM_ADAPTERS] if shared else tokens(SYSTEM_PROMPT, rng)
+        requests.append((head + suffix, i % NUM_ADAPTERS, rng.randint(*OUTPUT)))
     return requests
 
 
@@ -68,7 +70,7 @@ def closed_loop(llm: LLM, requests: list[Request], concurrency: int) -> tuple[fl
         nonlocal in_flight
         i, (prompt, adapter, max_tokens) = queue.popleft()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        engine.add_request(f"r{i}", prompt, params, adapter)
+        engine.add_request(f"r{i}", prompt, params, f"a{adapter}")
         in_flight += 1
 
     start = time.perf_counter()
