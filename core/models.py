@@ -112,7 +112,7 @@ class Adapter(SQLModel, table=True):
     tenant_id: str = Field(foreign_key="tenant.id", max_length=40)
     name: str = Field(unique=True, index=True, max_length=512)  # the `model` clients pass: ft:{base}:...
     base_model: str = Field(max_length=255)
-    source: str = Field(default="fine_tune", max_length=16)  # fine_tune | upload
+    source: str = Field(default="fine_tune", max_length=16)  # fine_tune | upload | checkpoint
     job_id: str | None = Field(default=None, max_length=40)
     storage_prefix: str = Field(max_length=512)  # tenants/{tenant}/adapters/{id}/
     sha256: str = Field(max_length=64)  # of adapter_model.safetensors
@@ -135,6 +135,24 @@ class Adapter(SQLModel, table=True):
             config_sha256=self.config_sha256,
             rank=self.rank,
         )
+
+
+class FineTuningCheckpoint(SQLModel, table=True):
+    """A job's end-of-epoch checkpoint: a servable adapter (its own ``Adapter`` row, source ``checkpoint``)
+    whose objects also hold the state that resumes training from it, under ``{prefix}state/``. A job keeps
+    its last three (``worker.checkpoints``)."""
+
+    __tablename__ = "fine_tuning_checkpoint"
+    __table_args__ = (Index("ix_checkpoint_job_step", "job_id", "step_number"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="fine_tune_job.id", max_length=40)
+    tenant_id: str = Field(max_length=40)
+    adapter_id: str = Field(max_length=40)
+    step_number: int
+    epoch: int
+    metrics: dict[str, float] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: int = Field(default_factory=now)
 
 
 class UsageRecord(SQLModel, table=True):

@@ -17,8 +17,6 @@ class ProgressBridge(TrainerCallback):
         self._on_progress = on_progress
         self._should_cancel = should_cancel
         self._started = time.monotonic()
-        self.step_losses: list[float] = []
-        self.eval_losses: list[float] = []
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw) -> None:
         self._started = time.monotonic()
@@ -32,10 +30,8 @@ class ProgressBridge(TrainerCallback):
     ) -> None:
         logs = logs or {}
         if "loss" in logs:
-            self.step_losses.append(float(logs["loss"]))
             self._emit(state, loss=float(logs["loss"]), learning_rate=logs.get("learning_rate"))
         elif "eval_loss" in logs:
-            self.eval_losses.append(float(logs["eval_loss"]))
             self._emit(state, eval_loss=float(logs["eval_loss"]))
 
     def _emit(

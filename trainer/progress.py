@@ -1,9 +1,11 @@
-"""What the trainer reports while it runs, and the callables a caller passes in for progress and cancellation."""
+"""What the trainer reports while it runs (progress, checkpoints), and the callables a caller passes in for them
+and for cancellation."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -22,3 +24,20 @@ class Progress:
 
 ProgressFn = Callable[[Progress], None]
 CancelFn = Callable[[], bool]  # checked between steps; True stops training
+
+
+KEEP_CHECKPOINTS = 3  # a job's newest checkpoints kept, as OpenAI keeps the last three epochs'
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The end of one epoch: a servable adapter directory and the state that resumes training from it."""
+
+    step: int
+    epoch: int
+    adapter_dir: Path  # adapter_config.json, adapter_model.safetensors, manifest.json
+    state_dir: Path  # optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+CheckpointFn = Callable[[Checkpoint], None]  # stores the checkpoint; training goes on when it returns

@@ -2,7 +2,8 @@
 
 The data is validated in full before the model is loaded, so a bad file fails in seconds. CUDA with
 bf16 autocast when a GPU is present, fp32 on CPU. Same seed, data and hyperparameters give the same
-adapter on CPU.
+adapter on CPU, whether the run went straight through or resumed from one of its checkpoints
+(``trainer.checkpoints``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from core.dataset_format import DEFAULT_MIN_EXAMPLES
 from core.hyperparameters import ResolvedHyperparameters
 from core.projections import adapter_modules
 from trainer.callbacks import ProgressBridge
+from trainer.checkpoints import CheckpointBridge, CheckpointFn
 from trainer.dataset import PreparedDataset, prepare_dataset
 from trainer.errors import TrainingCancelled
 from trainer.manifest import BaseModelFingerprint, fingerprint_base_model, write_manifest
@@ -44,6 +46,8 @@ class TrainingRequest:
     base_fingerprint: BaseModelFingerprint | None = None  # pass one to skip hashing the weights again
     min_examples: int = DEFAULT_MIN_EXAMPLES
     num_threads: int | None = None  # CPU threads for torch (its share of a shared machine); None: torch's default
+    resume_from: Path | None = None  # a checkpoint in the Trainer's layout (trainer.checkpoints.resume_layout)
+    checkpoint_interval_s: float = 0.0  # epochs before the last few save at most this often (0: every epoch)
 
 
 @dataclass(frozen=True)
@@ -111,9 +115,11 @@ def train_adapter(
     *,
     on_progress: ProgressFn | None = None,
     should_cancel: CancelFn | None = None,
+    on_checkpoint: CheckpointFn | None = None,
 ) -> TrainingResult:
     """Validate the data, train, and write ``adapter_config.json``, ``adapter_model.safetensors`` and
-    ``manifest.json`` into ``request.output_dir``. Raises ``InvalidTrainingData`` or ``TrainingCancelled``."""
+    ``manifest.json`` into ``request.output_dir``; with ``on_checkpoint``, also hand it a checkpoint at epoch
+    ends (see ``trainer.checkpoints``). Raises ``InvalidTrainingData`` or ``TrainingCancelled``."""
     import torch
     from transformers import DataCollatorForSeq2Seq, PrinterCallback, Trainer, TrainingArguments, set_seed
 
@@ -131,6 +137,15 @@ def train_adapter(
     set_seed(request.seed)  # before the LoRA matrices are initialised
     model = _lora_model(request, torch.bfloat16 if cuda else torch.float32)
     bridge = ProgressBridge(on_progress, should_cancel)
+    callbacks: list[Any] = [bridge]
+    if on_checkpoint is not None:
+
+        def export(live_model, state, out: Path) -> None:  # type: ignore[no-untyped-def]
+            epochs = round(state.epoch or 0)
+            _write_adapter(request, live_model, base, train_data, state.log_history, state.global_step, epochs, out)
+
+        interval = request.checkpoint_interval_s
+        callbacks.append(CheckpointBridge(on_checkpoint, export, num_epochs=hp.n_epochs, min_interval_s=interval))
     trainer = None
     try:
         with tempfile.TemporaryDirectory(prefix="loraplex-train-") as scratch:
@@ -146,7 +161,7 @@ def train_adapter(
                 logging_strategy="steps",
                 logging_steps=1,
                 eval_strategy="epoch" if valid_data is not None else "no",
-                save_strategy="no",
+                save_strategy="epoch" if on_checkpoint is not None else "no",
                 report_to=[],
                 seed=request.seed,
                 data_seed=request.seed,
@@ -163,12 +178,25 @@ def train_adapter(
                 train_dataset=_as_rows(train_data),
                 eval_dataset=_as_rows(valid_data) if valid_data is not None else None,
                 data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
-                callbacks=[bridge],
+                callbacks=callbacks,
             )
             trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
-            trainer.train()
-            steps = trainer.state.global_step
-        return _export(request, model, base, train_data, bridge, steps, started)
+            resume = str(request.resume_from) if request.resume_from is not None else None
+            trainer.train(resume_from_checkpoint=resume)
+            state = trainer.state
+        out = Path(request.output_dir)
+        manifest = _write_adapter(
+            request, model, base, train_data, state.log_history, state.global_step, hp.n_epochs, out, started
+        )
+        return TrainingResult(
+            out,
+            manifest,
+            manifest["trained_tokens"],
+            manifest["train_loss"],
+            manifest["eval_loss"],
+            state.global_step,
+            time.monotonic() - started,
+        )
     finally:
         # An exception's traceback keeps this frame alive; drop the weights now, not when it is handled.
         model = trainer = None
@@ -177,33 +205,40 @@ def train_adapter(
             torch.cuda.empty_cache()
 
 
-def _export(
+def _write_adapter(
     request: TrainingRequest,
     model,  # type: ignore[no-untyped-def]
     base: BaseModelFingerprint,
     train_data: PreparedDataset,
-    bridge: ProgressBridge,
+    log_history: list[dict[str, Any]],
     steps: int,
-    started: float,
-) -> TrainingResult:
+    epochs: int,
+    out: Path,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Write the adapter as trained so far (``steps`` steps, ``epochs`` epochs) with its manifest into ``out``.
+    Losses come from the Trainer's log, which a resumed run carries over from before the interruption."""
     hp = request.hyperparameters
-    out = Path(request.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # The adapter names its base by public name, never by this machine's path.
+    # The adapter names its base by public name, never by this machine's path; the live model keeps its path,
+    # which the Trainer's own checkpoint saves read (a name that is no local directory makes PEFT look it up on
+    # a model hub).
     config = model.peft_config["default"]
+    local_path = config.base_model_name_or_path
     config.base_model_name_or_path = base.name
     # PEFT keeps targets as a set, whose order varies per process; a sorted list keeps the file's bytes stable.
     targets = list(target_modules(model.config.model_type, hp))
     config.target_modules = sorted(config.target_modules)
-    # We never target embeddings; saying so also stops PEFT looking the base name up on a model hub.
-    model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    try:
+        # We never target embeddings; saying so also stops PEFT looking the base name up on a model hub.
+        model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    finally:
+        config.base_model_name_or_path = local_path
     (out / PEFT_MODEL_CARD).unlink(missing_ok=True)
     steps_per_epoch = math.ceil(len(train_data.examples) / hp.batch_size)
-    last_epoch = bridge.step_losses[-steps_per_epoch:]
-    train_loss = sum(last_epoch) / len(last_epoch) if last_epoch else float("nan")
-    eval_loss = bridge.eval_losses[-1] if bridge.eval_losses else None
-    trained_tokens = train_data.num_tokens * hp.n_epochs
-    manifest = write_manifest(
+    last_epoch = [float(e["loss"]) for e in log_history if "loss" in e][-steps_per_epoch:]
+    evals = [float(e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    return write_manifest(
         out,
         base=base,
         rank=hp.lora_r,
@@ -213,10 +248,9 @@ def _export(
         seed=request.seed,
         data_format=train_data.format,
         num_examples=len(train_data.examples),
-        trained_tokens=trained_tokens,
-        train_loss=train_loss,
-        eval_loss=eval_loss,
+        trained_tokens=train_data.num_tokens * epochs,
+        train_loss=sum(last_epoch) / len(last_epoch) if last_epoch else float("nan"),
+        eval_loss=evals[-1] if evals else None,
         steps=steps,
-        seconds=round(time.monotonic() - started, 3),
+        seconds=round(time.monotonic() - started, 3) if started is not None else None,
     )
-    return TrainingResult(out, manifest, trained_tokens, train_loss, eval_loss, steps, time.monotonic() - started)

@@ -1,4 +1,5 @@
-"""Tell inference servers about a new adapter so they can prefetch it (best effort: they load on demand anyway)."""
+"""Tell inference servers about adapters: a new one they may prefetch, a retired one they should unload (best
+effort both ways: they load on demand, and evict idle adapters, anyway)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,24 @@ log = logging.getLogger(__name__)
 
 def announce_prefetch(settings: Settings, adapter: Adapter) -> bool:
     """Publish ``{"event": "prefetch", "adapter": descriptor}`` on the adapter events channel; False on failure."""
-    message = json.dumps({"event": "prefetch", "adapter": adapter.descriptor().model_dump(mode="json")})
+    return _announce(settings, "prefetch", [adapter])
+
+
+def announce_unload(settings: Settings, adapters: list[Adapter]) -> bool:
+    """Publish an ``unload`` event per adapter (retired checkpoints); False on failure."""
+    return _announce(settings, "unload", adapters)
+
+
+def _announce(settings: Settings, event: str, adapters: list[Adapter]) -> bool:
+    if not adapters:
+        return True
     try:
         client = redis.Redis.from_url(redis_url(settings), socket_timeout=2, socket_connect_timeout=2)
         with client:
-            client.publish(ADAPTER_EVENTS_CHANNEL, message)
+            for adapter in adapters:
+                message = {"event": event, "adapter": adapter.descriptor().model_dump(mode="json")}
+                client.publish(ADAPTER_EVENTS_CHANNEL, json.dumps(message))
     except Exception:
-        log.warning("could not announce adapter %s for prefetch", adapter.id, exc_info=True)
+        log.warning("could not announce %s of %s", event, ", ".join(a.id for a in adapters), exc_info=True)
         return False
     return True

@@ -43,6 +43,13 @@ def register(app: typer.Typer) -> None:
                 help="Age after which stored objects that no row refers to (a crashed upload's) are removed.",
             ),
         ] = 3600.0,
+        checkpoint_interval_seconds: Annotated[
+            float,
+            typer.Option(
+                envvar="LORAPLEX_WORKER_CHECKPOINT_INTERVAL_SECONDS",
+                help="Epochs before a job's last three checkpoint at most this often (0: every epoch).",
+            ),
+        ] = 60.0,
         threads: TrainThreads = None,
     ) -> None:
         """Train fine-tuning jobs from the queue of LORAPLEX_BASE_MODEL (Redis at LORAPLEX_REDIS_URL)."""
@@ -61,6 +68,7 @@ def register(app: typer.Typer) -> None:
                 reap_every_seconds,
                 retry_delay_seconds,
                 orphan_grace_seconds,
+                checkpoint_interval_seconds,
                 train_threads=threads,
             )
         except ValueError as exc:

@@ -1,13 +1,15 @@
 """Objects no row points at are removed, so a crash between writing bytes and recording them leaks nothing.
 
 Every writer stores objects before the row that names them (``api/routers/files.py``,
-``api/adapter_lifecycle.py``, ``worker/run_job.py``) and undoes the objects if the row cannot be written.
-The undo itself can fail (the store went down mid-upload) or never run (the process was killed), leaving
-objects that nothing references: invisible to tenants, yet stored and paid for. The sweep finds them:
+``api/adapter_lifecycle.py``, ``worker/run_job.py``, ``worker/checkpoints.py``) and undoes the objects if
+the row cannot be written. The undo itself can fail (the store went down mid-upload) or never run (the process
+was killed), leaving objects that nothing references: invisible to tenants, yet stored and paid for. The sweep
+finds them:
 
 - ``tenants/{t}/files/{file}``: kept while a live ``File`` row of that tenant has that key;
 - ``tenants/{t}/adapters/{adapter}/...``: kept while a live ``Adapter`` row has that prefix, or while the
-  fine-tuning job that writes it has not ended (a redelivery finalizes from those objects);
+  fine-tuning job that writes it has not ended (a redelivery finalizes from those objects); a checkpoint's
+  training state lives under its adapter's prefix (``state/``) and goes with it;
 - anything else is not ours to judge and is left alone.
 
 Only objects older than a grace period are candidates, which covers a writer between its upload and its

@@ -2,7 +2,8 @@
 
 Safe to run any number of times for the same job: see ``worker.lifecycle.claim_job`` for what a
 repeated delivery does. Objects under the job's adapter prefix exist without an ``Adapter`` row only
-while an attempt is between upload and its final transaction.
+while an attempt is between upload and its final transaction. An attempt after a crash resumes from the
+job's newest checkpoint (``worker.checkpoints``), so the work done before it is not done again.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from core.db import session_scope
 from core.descriptor import adapter_prefix
 from core.errors import InvalidRequest, NotFound, ObjectNotFound
 from core.hyperparameters import ResolvedHyperparameters
-from core.jobs import adapter_id_for_job
+from core.jobs import adapter_id_for_job, record_event
 from core.models import File, FineTuneJob, JobStatus
 from trainer.errors import TrainingCancelled
+from trainer.progress import Checkpoint
 from worker.announce import announce_prefetch
+from worker.checkpoints import fetch_checkpoint, save_checkpoint
 from worker.failures import classify_failure
 from worker.lease_keeper import LeaseKeeper
 from worker.lifecycle import Lease, claim_job, current_worker_id, finish_ended, finish_succeeded, retry_or_fail
@@ -103,6 +106,7 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
     # Imported here: torch stays out of the worker's parent process and is loaded once per pool process.
     from transformers.utils import logging as transformers_logging
 
+    from trainer.checkpoints import resume_layout
     from trainer.train import TrainingRequest, train_adapter
 
     transformers_logging.disable_progress_bar()  # bars would land in the worker log as warnings
@@ -117,6 +121,13 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
     validation = None
     if job.validation_file:
         validation = _download(rt, job, job.validation_file, scratch / "validation.jsonl", "validation_file")
+    resume_from = None
+    stored = fetch_checkpoint(rt.engine, rt.store, job.id, scratch / "checkpoint")
+    if stored is not None:
+        resume_from = resume_layout(stored.adapter_dir, stored.state_dir, scratch / "resume")
+        with session_scope(rt.engine) as session:
+            message = f"Training resumed at step {stored.step} (epoch {stored.epoch}) from its last checkpoint"
+            record_event(session, job, message, data={"step": stored.step})
     request = TrainingRequest(
         base_model_dir=rt.base_model_dir,
         training_file=training,
@@ -127,8 +138,20 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
         base_model_name=rt.base_model_name,
         base_fingerprint=rt.fingerprint(),
         num_threads=rt.options.train_threads,
+        resume_from=resume_from,
+        checkpoint_interval_s=rt.options.checkpoint_interval_seconds,
     )
-    return train_adapter(request, on_progress=ProgressRecorder(rt.engine, job), should_cancel=keeper.should_stop)
+
+    def on_checkpoint(checkpoint: Checkpoint) -> None:
+        if not save_checkpoint(rt.settings, rt.engine, rt.store, keeper.lease, checkpoint):
+            raise TrainingCancelled(checkpoint.step)  # the job is no longer this attempt's: stop training
+
+    return train_adapter(
+        request,
+        on_progress=ProgressRecorder(rt.engine, job),
+        should_cancel=keeper.should_stop,
+        on_checkpoint=on_checkpoint,
+    )
 
 
 def _download(rt: WorkerRuntime, job: FineTuneJob, file_id: str, dest: Path, param: str) -> Path:

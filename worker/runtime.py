@@ -24,17 +24,23 @@ class WorkerOptions:
     """Liveness timing: a running job heartbeats every ``heartbeat_seconds``; one silent for
     ``stale_after_seconds`` is requeued by the reaper, which runs every ``reap_every_seconds`` (and also sends
     again the message of a job queued that long whose message is missing). Stored objects no row refers
-    to are removed once ``orphan_grace_seconds`` old, by a sweep that runs every quarter of that."""
+    to are removed once ``orphan_grace_seconds`` old, by a sweep that runs every quarter of that. A job's
+    last three epochs always leave a checkpoint; earlier epochs at most one per ``checkpoint_interval_seconds``
+    (what a crash can cost, besides the epoch it happened in)."""
 
     heartbeat_seconds: float = 10.0
     stale_after_seconds: float = 120.0
     reap_every_seconds: float = 30.0
     retry_delay_seconds: float = 30.0  # before retrying a job that hit a transient error (store down)
     orphan_grace_seconds: float = 3600.0
+    checkpoint_interval_seconds: float = 60.0
     train_threads: int | None = None  # torch threads a job trains with (its share of the machine); None: torch's
 
     def __post_init__(self) -> None:
-        if min(self.heartbeat_seconds, self.reap_every_seconds) <= 0 or self.retry_delay_seconds < 0:
+        if (
+            min(self.heartbeat_seconds, self.reap_every_seconds) <= 0
+            or min(self.retry_delay_seconds, self.checkpoint_interval_seconds) < 0
+        ):
             raise ValueError("worker intervals must be positive")
         if self.orphan_grace_seconds < self.stale_after_seconds:
             # An upload between its objects and its row must never look abandoned.

@@ -18,8 +18,8 @@ class AdapterObject(BaseModel):
     object: Literal["adapter"] = "adapter"
     model: str = Field(description="The model name to call it by (ft:{base}:{tenant}:{suffix}:{id}).")
     base_model: str
-    source: Literal["fine_tune", "upload"]
-    job_id: str | None = Field(description="The job that trained it (fine_tune adapters).")
+    source: Literal["fine_tune", "upload", "checkpoint"]
+    job_id: str | None = Field(description="The job that trained it (fine_tune and checkpoint adapters).")
     rank: int = Field(description="Largest LoRA rank across its modules.")
     alpha: float
     target_modules: list[str]
@@ -33,7 +33,7 @@ class AdapterObject(BaseModel):
             id=row.id,
             model=row.name,
             base_model=row.base_model,
-            source=row.source,  # type: ignore[arg-type]  # the column holds one of the two
+            source=row.source,  # type: ignore[arg-type]  # the column holds one of the three
             job_id=row.job_id,
             rank=row.rank,
             alpha=row.alpha,

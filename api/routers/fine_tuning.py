@@ -1,11 +1,11 @@
-"""``/v1/fine_tuning/jobs``: create, list, retrieve, cancel, and the event log of a job."""
+"""``/v1/fine_tuning/jobs``: create, list, retrieve, cancel, the event log of a job and its checkpoints."""
 
 from __future__ import annotations
 
 import re
 
 from fastapi import APIRouter
-from sqlmodel import select
+from sqlmodel import col, select
 
 from api.deps import Context, CurrentTenant
 from api.job_submission import submit_job
@@ -13,6 +13,8 @@ from api.ownership import get_owned
 from api.pagination import After, Limit, build_page, page_query
 from api.routers.fine_tuning_schemas import (
     EVENT_ID_PREFIX,
+    CheckpointList,
+    CheckpointObject,
     FineTuningJobObject,
     JobCreate,
     JobEventList,
@@ -21,7 +23,7 @@ from api.routers.fine_tuning_schemas import (
 )
 from core.errors import InvalidRequest
 from core.jobs import request_cancel
-from core.models import FineTuneJob, JobEvent
+from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 NOUN = "fine-tuning job"
@@ -79,3 +81,20 @@ def list_events(
         stmt = select(JobEvent).where(JobEvent.job_id == job_id)
         rows = session.exec(page_query(stmt, JobEvent.id, after=cursor, limit=limit)).all()
     return build_page(JobEventList, rows, limit, JobEventObject.from_row)
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, summary="List a job's checkpoints")
+def list_checkpoints(
+    job_id: str, ctx: Context, tenant: CurrentTenant, after: After = None, limit: Limit = 10
+) -> CheckpointList:
+    """The job's kept epoch checkpoints (its last three), newest first; each serves under its
+    ``fine_tuned_model_checkpoint`` name."""
+    with ctx.session() as session:
+        get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN)
+        stmt = (
+            select(FineTuningCheckpoint, Adapter)
+            .join(Adapter, col(Adapter.id) == FineTuningCheckpoint.adapter_id)
+            .where(FineTuningCheckpoint.job_id == job_id, col(Adapter.deleted_at).is_(None))
+        )
+        rows = session.exec(page_query(stmt, FineTuningCheckpoint.id, after=after, limit=limit)).all()
+    return build_page(CheckpointList, rows, limit, lambda pair: CheckpointObject.from_rows(*pair))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from api.naming import SUFFIX_MAX, check_suffix
 from api.pagination import ListPage
 from core.hyperparameters import Hyperparameters, ResolvedHyperparameters
-from core.models import FineTuneJob, JobEvent
+from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
 
 MAX_SEED = 2**31 - 1
 EVENT_ID_PREFIX = "ftevent-"
@@ -153,3 +153,30 @@ class JobEventObject(BaseModel):
 
 class JobEventList(ListPage[JobEventObject]):
     """A page of events, newest first."""
+
+
+class CheckpointObject(BaseModel):
+    """An epoch checkpoint as the openai SDK's ``FineTuningJobCheckpoint`` reads it."""
+
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str = Field(description="The model name that serves this checkpoint.")
+    fine_tuning_job_id: str
+    metrics: dict[str, float] = Field(description="step, train_loss; valid_loss with a validation file.")
+    step_number: int
+
+    @classmethod
+    def from_rows(cls, row: FineTuningCheckpoint, adapter: Adapter) -> CheckpointObject:
+        return cls(
+            id=row.id,
+            created_at=row.created_at,
+            fine_tuned_model_checkpoint=adapter.name,
+            fine_tuning_job_id=row.job_id,
+            metrics=row.metrics,
+            step_number=row.step_number,
+        )
+
+
+class CheckpointList(ListPage[CheckpointObject]):
+    """A page of a job's checkpoints, newest first."""

@@ -42,8 +42,10 @@ def training_records(deployment: Deployment, job_id: str) -> list[UsageRecord]:
 
 
 def job_adapters(deployment: Deployment, job_id: str) -> list[Adapter]:
+    """The adapters a job produced as its result (its epoch checkpoints apart)."""
     with db.read_session(deployment.engine) as session:
-        return list(session.exec(select(Adapter).where(Adapter.job_id == job_id)).all())
+        stmt = select(Adapter).where(Adapter.job_id == job_id, Adapter.source == "fine_tune")
+        return list(session.exec(stmt).all())
 
 
 def assert_retryable_outage(response: httpx.Response, code: str) -> None:

@@ -99,14 +99,22 @@ def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
     assert "Fine-tuning job started" in messages
     assert any(e.type == "metrics" for e in events)
 
+    # Each epoch left a checkpoint (12 examples in batches of 4: 3 steps an epoch), servable by its own name.
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    assert [c.step_number for c in checkpoints] == [6, 3]  # newest first
+    names = [c.fine_tuned_model_checkpoint for c in checkpoints]
+    assert names == [f"{final.fine_tuned_model}:ckpt-step-{step}" for step in (6, 3)]
+
     models = {m.id: m for m in client.models.list()}
-    assert set(models) == {base, final.fine_tuned_model}
+    assert set(models) == {base, final.fine_tuned_model, *names}
     assert (models[final.fine_tuned_model].model_extra or {})["parent"] == base
     with tenant.http() as http:
-        [adapter] = http.get("/v1/adapters").json()["data"]
+        adapters = {a["model"]: a for a in http.get("/v1/adapters").json()["data"]}
+    adapter = adapters[final.fine_tuned_model]
     assert (adapter["model"], adapter["source"], adapter["job_id"], adapter["rank"]) == (
         final.fine_tuned_model,
         "fine_tune",
         job.id,
         4,
     )
+    assert [(adapters[n]["source"], adapters[n]["job_id"]) for n in names] == [("checkpoint", job.id)] * 2

@@ -41,6 +41,7 @@ SDK_CALLS: dict[str, Callable[[openai.OpenAI, Owned], Any]] = {
     "jobs.retrieve": lambda c, o: c.fine_tuning.jobs.retrieve(o.job_id),
     "jobs.cancel": lambda c, o: c.fine_tuning.jobs.cancel(o.job_id),
     "jobs.list_events": lambda c, o: c.fine_tuning.jobs.list_events(o.job_id),
+    "jobs.checkpoints.list": lambda c, o: c.fine_tuning.jobs.checkpoints.list(o.job_id),
     "models.retrieve": lambda c, o: c.models.retrieve(o.model),
     "models.delete": lambda c, o: c.models.delete(o.model),
 }

@@ -44,6 +44,7 @@ class TrainedAdapter:
     owner: TenantHandle
     model: str
     adapter_id: str
+    job_id: str
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +68,9 @@ def trained_adapter(serving: Deployment) -> TrainedAdapter:
     assert final.status == "succeeded", final.error
     assert final.fine_tuned_model is not None
     with owner.http() as http:
-        [adapter] = http.get("/v1/adapters").json()["data"]
-    return TrainedAdapter(owner, final.fine_tuned_model, adapter["id"])
+        adapters = http.get("/v1/adapters").json()["data"]
+    [adapter] = [a for a in adapters if a["model"] == final.fine_tuned_model]  # the others are its checkpoints
+    return TrainedAdapter(owner, final.fine_tuned_model, adapter["id"], job.id)
 
 
 @pytest.fixture(scope="session")

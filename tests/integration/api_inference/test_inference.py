@@ -179,3 +179,27 @@ def test_the_servers_refusals_pass_through_in_the_openai_shape(serving: Deployme
     assert isinstance(exc.value.body, dict) and exc.value.body.get("message")
     [record] = serving.usage_records(tenant.id)
     assert (record.status, record.completion_tokens) == ("rejected", 0)
+
+
+def test_a_jobs_checkpoint_is_listed_and_serves_the_adapter_it_saved(
+    serving: Deployment, trained_adapter: TrainedAdapter
+) -> None:
+    client = trained_adapter.owner.openai()
+    [checkpoint] = client.fine_tuning.jobs.checkpoints.list(trained_adapter.job_id).data  # one epoch, one checkpoint
+
+    job = client.fine_tuning.jobs.retrieve(trained_adapter.job_id)
+    assert checkpoint.id.startswith("ftckpt-") and checkpoint.fine_tuning_job_id == job.id
+    assert checkpoint.step_number == 3  # 10 examples in batches of 4
+    assert checkpoint.fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-3"
+    assert checkpoint.metrics.step == 3 and checkpoint.metrics.train_loss is not None
+    assert checkpoint.fine_tuned_model_checkpoint in [m.id for m in client.models.list()]
+    # The last epoch's checkpoint holds the final weights: greedy answers are the same.
+    answers = [
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0).choices[0].text
+        for model in (checkpoint.fine_tuned_model_checkpoint, trained_adapter.model)
+    ]
+    assert answers[0] == answers[1]
+    with pytest.raises(openai.NotFoundError):  # like any adapter, only its owner can call it
+        serving.make_tenant().openai().completions.create(
+            model=checkpoint.fine_tuned_model_checkpoint, prompt=PROMPT, max_tokens=2
+        )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlmodel import select
+from sqlmodel import col, select
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS, adapter_prefix
 from core.jobs import request_cancel
@@ -35,8 +35,10 @@ pytestmark = pytest.mark.slow
 
 
 def adapters_of(platform: Platform, tenant_id: str) -> list[Adapter]:
+    """The tenant's trained adapters: jobs' results, their epoch checkpoints apart."""
     with platform.session() as session:
-        return list(session.exec(select(Adapter).where(Adapter.tenant_id == tenant_id)).all())
+        stmt = select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.source == "fine_tune")
+        return list(session.exec(stmt).all())
 
 
 def test_a_job_trains_an_adapter_that_reproduces_its_training_data(
@@ -72,8 +74,18 @@ def test_a_job_trains_an_adapter_that_reproduces_its_training_data(
     assert job.fine_tuned_model == adapter.name == f"ft:{platform.settings.model_name}:acme:codes:{job.id}"
     assert job.adapter_id == adapter.id and adapter.job_id == job.id
     assert adapter.storage_prefix == adapter_prefix(job.tenant_id, adapter.id)
-    keys = sorted(obj.key for obj in adapter_objects(platform, job.tenant_id))
+    keys = sorted(obj.key for obj in platform.store.list(adapter.storage_prefix))
     assert keys == sorted(adapter.storage_prefix + n for n in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_MANIFEST))
+    # Everything else the tenant stores is the job's three kept epoch checkpoints.
+    with platform.session() as session:
+        live = col(Adapter.deleted_at).is_(None)  # a slow run retires checkpoints older than the last three
+        stmt = select(Adapter).where(Adapter.job_id == job.id, Adapter.source == "checkpoint", live)
+        checkpoints = session.exec(stmt).all()
+    assert len(checkpoints) == 3
+    assert {o.key.split("/")[3] for o in adapter_objects(platform, job.tenant_id)} == {
+        adapter.id,
+        *(c.id for c in checkpoints),
+    }
 
     local = download_adapter(platform, job.tenant_id, adapter.id, tmp_path / "adapter")
     assert sha256_file(local / ADAPTER_WEIGHTS) == adapter.sha256
@@ -171,7 +183,7 @@ def test_two_tenants_jobs_run_back_to_back_without_mixing_their_data(
     for name, job in jobs.items():
         [adapter] = adapters_of(platform, job.tenant_id)
         assert adapter.name.split(":")[2] == name
-        assert len(adapter_objects(platform, job.tenant_id)) == 3
+        assert len(platform.store.list(adapter.storage_prefix)) == 3
         local[name] = download_adapter(platform, job.tenant_id, adapter.id, tmp_path / name)
     assert reproduction_rate(tiny_model_dir, rows["north"], local["north"]) >= 0.9
     assert reproduction_rate(tiny_model_dir, rows["south"], local["south"]) >= 0.9
