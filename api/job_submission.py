@@ -129,6 +129,7 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
             hyperparameters=hyperparameters.model_dump(),
             suffix=body.suffix,
             seed=body.seed if body.seed is not None else secrets.randbelow(MAX_SEED + 1),
+            user_metadata=body.metadata,
         )
         session.add(job)
         record_event(session, job, f"Created fine-tuning job: {job.id}")

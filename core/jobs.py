@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from core.errors import NotFound
 from core.job_states import JobStatus, check_move, mark_ended
@@ -29,9 +30,24 @@ def job_id_for_adapter(adapter_id: str) -> str:
     return "ftjob-" + adapter_id.split("-", 1)[-1]
 
 
+def results_file_id_for_job(job_id: str) -> str:
+    """The id of a job's metrics file (``step_metrics.csv``): fixed by the job, like its adapter's id."""
+    return "file-" + job_id.split("-", 1)[-1]
+
+
 def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
     """``ft:{base}:{tenant}:{suffix}:{job}``, the name clients pass as ``model``."""
     return f"ft:{base_model}:{tenant_name}:{suffix or ''}:{job_id}"
+
+
+def with_metadata(stmt: SelectOfScalar[FineTuneJob], pairs: dict[str, str] | None) -> SelectOfScalar[FineTuneJob]:
+    """``stmt`` narrowed to jobs whose metadata holds every pair (``None``: to jobs without metadata). A JSON
+    path comparison, which SQLite (``json_extract``) and PostgreSQL (``->>``) both evaluate in the query."""
+    if pairs is None:
+        return stmt.where(col(FineTuneJob.user_metadata).is_(None))
+    for key, value in pairs.items():
+        stmt = stmt.where(col(FineTuneJob.user_metadata)[key].as_string() == value)
+    return stmt
 
 
 def enqueue_job(celery: Celery, job: FineTuneJob, *, countdown: float | None = None) -> None:

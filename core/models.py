@@ -72,6 +72,12 @@ class FineTuneJob(SQLModel, table=True):
     seed: int = 0
     fine_tuned_model: str | None = Field(default=None, max_length=512)
     adapter_id: str | None = Field(default=None, max_length=40)
+    result_files: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # file ids
+    # The client's key-value pairs (OpenAI's ``metadata``); the attribute is renamed because SQLAlchemy
+    # reserves ``metadata`` on mapped classes.
+    user_metadata: dict[str, str] | None = Field(
+        default=None, sa_column=Column("metadata", JSON(none_as_null=True), nullable=True)
+    )
     trained_tokens: int | None = None
     error_code: str | None = Field(default=None, max_length=64)
     error_message: str | None = None

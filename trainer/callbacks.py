@@ -6,6 +6,7 @@ import time
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from trainer.accuracy import EVAL_ACCURACY, TRAIN_ACCURACY
 from trainer.errors import TrainingCancelled
 from trainer.progress import CancelFn, Progress, ProgressFn
 
@@ -30,9 +31,10 @@ class ProgressBridge(TrainerCallback):
     ) -> None:
         logs = logs or {}
         if "loss" in logs:
-            self._emit(state, loss=float(logs["loss"]), learning_rate=logs.get("learning_rate"))
+            accuracy = logs.get(TRAIN_ACCURACY)
+            self._emit(state, loss=float(logs["loss"]), learning_rate=logs.get("learning_rate"), accuracy=accuracy)
         elif "eval_loss" in logs:
-            self._emit(state, eval_loss=float(logs["eval_loss"]))
+            self._emit(state, eval_loss=float(logs["eval_loss"]), eval_accuracy=logs.get(EVAL_ACCURACY))
 
     def _emit(
         self,
@@ -41,6 +43,8 @@ class ProgressBridge(TrainerCallback):
         loss: float | None = None,
         learning_rate: float | None = None,
         eval_loss: float | None = None,
+        accuracy: float | None = None,
+        eval_accuracy: float | None = None,
     ) -> None:
         if self._on_progress is None:
             return
@@ -57,5 +61,7 @@ class ProgressBridge(TrainerCallback):
                 tokens=int(state.num_input_tokens_seen or 0),
                 eta_seconds=eta,
                 eval_loss=eval_loss,
+                accuracy=accuracy,
+                eval_accuracy=eval_accuracy,
             )
         )

@@ -23,6 +23,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from trainer.metrics import checkpoint_metrics
 from trainer.progress import KEEP_CHECKPOINTS, Checkpoint, CheckpointFn
 
 HF_CHECKPOINT = "checkpoint-{step}"  # transformers' folder name under output_dir
@@ -33,20 +34,6 @@ RNG_STATE = "rng_state"
 
 
 ExportFn = Callable[[Any, TrainerState, Path], None]  # writes the model's adapter and manifest into a directory
-
-
-def checkpoint_metrics(log_history: list[dict[str, Any]], step: int) -> dict[str, float]:
-    """OpenAI's checkpoint metrics from the Trainer's log: the step's training loss, and the epoch's
-    validation loss over the whole validation file when there is one."""
-    metrics: dict[str, float] = {"step": float(step)}
-    for entry in log_history:
-        if entry.get("step") != step:
-            continue
-        if "loss" in entry:
-            metrics["train_loss"] = float(entry["loss"])
-        if "eval_loss" in entry:
-            metrics["valid_loss"] = metrics["full_valid_loss"] = float(entry["eval_loss"])
-    return metrics
 
 
 class CheckpointBridge(TrainerCallback):

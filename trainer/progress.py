@@ -20,6 +20,8 @@ class Progress:
     tokens: int  # tokens trained on so far, padding excluded
     eta_seconds: float | None
     eval_loss: float | None = None
+    accuracy: float | None = None  # mean token accuracy of the step (with ``loss``)
+    eval_accuracy: float | None = None  # of the evaluation (with ``eval_loss``)
 
 
 ProgressFn = Callable[[Progress], None]

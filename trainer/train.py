@@ -25,6 +25,7 @@ from trainer.checkpoints import CheckpointBridge, CheckpointFn
 from trainer.dataset import PreparedDataset, prepare_dataset
 from trainer.errors import TrainingCancelled
 from trainer.manifest import BaseModelFingerprint, fingerprint_base_model, write_manifest
+from trainer.metrics import step_metrics_csv
 from trainer.progress import CancelFn, ProgressFn
 from trainer.tokenize import IGNORE_INDEX
 
@@ -59,6 +60,7 @@ class TrainingResult:
     eval_loss: float | None
     steps: int
     seconds: float
+    step_metrics_csv: str = ""  # trainer.metrics.step_metrics_csv: the job's result file
 
 
 def load_tokenizer(model_dir: str | Path):  # type: ignore[no-untyped-def]
@@ -121,7 +123,9 @@ def train_adapter(
     ``manifest.json`` into ``request.output_dir``; with ``on_checkpoint``, also hand it a checkpoint at epoch
     ends (see ``trainer.checkpoints``). Raises ``InvalidTrainingData`` or ``TrainingCancelled``."""
     import torch
-    from transformers import DataCollatorForSeq2Seq, PrinterCallback, Trainer, TrainingArguments, set_seed
+    from transformers import DataCollatorForSeq2Seq, PrinterCallback, TrainingArguments, set_seed
+
+    from trainer.accuracy import AccuracyTrainer
 
     started = time.monotonic()
     hp = request.hyperparameters
@@ -172,7 +176,7 @@ def train_adapter(
                 include_num_input_tokens_seen="non_padding",
                 disable_tqdm=True,
             )
-            trainer = Trainer(
+            trainer = AccuracyTrainer(
                 model=model,
                 args=args,
                 train_dataset=_as_rows(train_data),
@@ -196,6 +200,7 @@ def train_adapter(
             manifest["eval_loss"],
             state.global_step,
             time.monotonic() - started,
+            step_metrics_csv(state.log_history),
         )
     finally:
         # An exception's traceback keeps this frame alive; drop the weights now, not when it is handled.

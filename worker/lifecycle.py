@@ -22,6 +22,8 @@ from core.db import session_scope
 from core.job_states import JobStatus, mark_ended, mark_queued, mark_running, sources
 from core.jobs import adapter_id_for_job, end_job, enqueue_job, fine_tuned_model_name, lock_job, record_event
 from core.models import Adapter, FineTuneJob, Tenant, UsageRecord
+from core.storage import ObjectInfo
+from worker.results import adopt_results
 from worker.upload import UploadedAdapter
 
 MAX_ATTEMPTS_CODE = "max_attempts_exceeded"
@@ -109,8 +111,16 @@ def record_worker_lost(session: Session, job: FineTuneJob) -> None:
     record_event(session, job, message, level="warn")
 
 
-def _succeed(session: Session, job: FineTuneJob, uploaded: UploadedAdapter, compute_seconds: float) -> Adapter:
+def _succeed(
+    session: Session,
+    job: FineTuneJob,
+    uploaded: UploadedAdapter,
+    compute_seconds: float,
+    results: ObjectInfo | None,
+) -> Adapter:
     mark_ended(job, JobStatus.SUCCEEDED)
+    if results is not None:
+        adopt_results(session, job, results)
     tenant = session.get(Tenant, job.tenant_id)
     assert tenant is not None  # jobs reference tenants by foreign key
     name = fine_tuned_model_name(job.base_model, tenant.name, job.suffix, job.id)
@@ -162,11 +172,13 @@ def claim_job(
     *,
     stale_after: float,
     uploaded: UploadedAdapter | None = None,
+    results: ObjectInfo | None = None,
 ) -> Claim:
     """Decide what this delivery of ``job_id`` does, and take the lease when it should train.
 
     Idempotent: a terminal job, or one another live worker runs, is left alone; one whose adapter an
-    earlier attempt already stored (``uploaded``) or recorded just finalizes; past ``max_attempts`` it fails.
+    earlier attempt already stored (``uploaded``, with its metrics file ``results``) or recorded just
+    finalizes; past ``max_attempts`` it fails.
     """
     with session_scope(engine) as session:
         job = lock_job(session, job_id)
@@ -185,7 +197,7 @@ def claim_job(
             end_job(session, job, JobStatus.CANCELLED, "Job cancelled before training started")
             return Claim("cancelled", job)
         if uploaded is not None:
-            adapter = _succeed(session, job, uploaded, float(uploaded.manifest.get("seconds") or 0.0))
+            adapter = _succeed(session, job, uploaded, float(uploaded.manifest.get("seconds") or 0.0), results)
             return Claim("finalized", job, adapter=adapter)
         if job.attempts >= job.max_attempts:
             fail_out_of_attempts(session, job)
@@ -200,9 +212,11 @@ def claim_job(
         return Claim("run", job, lease=Lease(job.id, worker_id, job.attempts))
 
 
-def finish_succeeded(engine: Engine, lease: Lease, uploaded: UploadedAdapter) -> tuple[str, Adapter | None]:
-    """Record the adapter and mark the job succeeded, in one transaction; ``("succeeded", adapter)``,
-    ``("cancelled", None)`` when a cancel arrived during upload, or ``("lost", None)``."""
+def finish_succeeded(
+    engine: Engine, lease: Lease, uploaded: UploadedAdapter, results: ObjectInfo | None
+) -> tuple[str, Adapter | None]:
+    """Record the adapter and the metrics file and mark the job succeeded, in one transaction;
+    ``("succeeded", adapter)``, ``("cancelled", None)`` when a cancel arrived during upload, or ``("lost", None)``."""
     with session_scope(engine) as session:
         job = lock_job(session, lease.job_id)
         if job is None or not lease.held_by(job):
@@ -210,7 +224,7 @@ def finish_succeeded(engine: Engine, lease: Lease, uploaded: UploadedAdapter) ->
         if job.cancel_requested:
             end_job(session, job, JobStatus.CANCELLED, "Job cancelled after training; the adapter was discarded")
             return "cancelled", None
-        return "succeeded", _succeed(session, job, uploaded, lease.seconds)
+        return "succeeded", _succeed(session, job, uploaded, lease.seconds, results)
 
 
 def finish_ended(

@@ -19,9 +19,12 @@ def metrics_event(progress: Progress) -> tuple[str, dict]:
     data: dict = {"step": progress.step, "total_steps": progress.total_steps, "epoch": round(progress.epoch, 4)}
     if progress.eval_loss is not None:
         data["valid_loss"] = progress.eval_loss
+        if progress.eval_accuracy is not None:
+            data["valid_mean_token_accuracy"] = progress.eval_accuracy
         return f"Epoch {round(progress.epoch)}: validation loss={progress.eval_loss:.4f}", data
     data.update(
         train_loss=progress.loss,
+        train_mean_token_accuracy=progress.accuracy,
         learning_rate=progress.learning_rate,
         trained_tokens=progress.tokens,
         eta_seconds=round(progress.eta_seconds, 1) if progress.eta_seconds is not None else None,

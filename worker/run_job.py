@@ -27,6 +27,7 @@ from worker.failures import classify_failure
 from worker.lease_keeper import LeaseKeeper
 from worker.lifecycle import Lease, claim_job, current_worker_id, finish_ended, finish_succeeded, retry_or_fail
 from worker.progress_events import ProgressRecorder
+from worker.results import find_results, remove_results, upload_results
 from worker.runtime import WorkerRuntime
 from worker.upload import find_uploaded_adapter, remove_adapter_objects, upload_adapter
 
@@ -47,12 +48,15 @@ def run_train_job(rt: WorkerRuntime, job_id: str) -> str:
         return "skipped"
     prefix = adapter_prefix(job.tenant_id, adapter_id_for_job(job.id))
     uploaded = find_uploaded_adapter(rt.store, prefix)
+    results = find_results(rt.store, job) if uploaded is not None else None
+    stale_after = rt.options.stale_after_seconds
     claim = claim_job(
-        rt.engine, job_id, current_worker_id(), stale_after=rt.options.stale_after_seconds, uploaded=uploaded
+        rt.engine, job_id, current_worker_id(), stale_after=stale_after, uploaded=uploaded, results=results
     )
     log.info("job %s: %s", job_id, claim.outcome)
     if claim.outcome in ("cancelled", "failed"):
         remove_adapter_objects(rt.store, prefix)
+        remove_results(rt.store, job.id, job.tenant_id)
     if claim.outcome == "finalized" and claim.adapter is not None:
         announce_prefetch(rt.settings, claim.adapter)
     if claim.outcome != "run":
@@ -70,6 +74,7 @@ def _run_attempt(rt: WorkerRuntime, job: FineTuneJob, lease: Lease, prefix: str)
                 result = _train(rt, job, keeper, Path(scratch))
                 if keeper.should_stop():  # cancelled (or requeued) while the last step ran
                     raise TrainingCancelled(result.steps)
+                results = upload_results(rt.store, job, result.step_metrics_csv)
                 uploaded = upload_adapter(rt.store, result.output_dir, prefix)
         except TrainingCancelled as exc:
             if keeper.lost:
@@ -79,15 +84,20 @@ def _run_attempt(rt: WorkerRuntime, job: FineTuneJob, lease: Lease, prefix: str)
         except Exception as exc:
             return _fail(rt, lease, keeper, exc)
         try:
-            outcome, adapter = finish_succeeded(rt.engine, lease, uploaded)
+            outcome, adapter = finish_succeeded(rt.engine, lease, uploaded, results)
         except Exception as exc:
-            remove_adapter_objects(rt.store, prefix)
+            _discard_outputs(rt, job, prefix)
             return _fail(rt, lease, keeper, exc)
     if outcome == "cancelled":
-        remove_adapter_objects(rt.store, prefix)
+        _discard_outputs(rt, job, prefix)
     if adapter is not None:
         announce_prefetch(rt.settings, adapter)
     return outcome
+
+
+def _discard_outputs(rt: WorkerRuntime, job: FineTuneJob, prefix: str) -> None:
+    remove_adapter_objects(rt.store, prefix)
+    remove_results(rt.store, job.id, job.tenant_id)
 
 
 def _fail(rt: WorkerRuntime, lease: Lease, keeper: LeaseKeeper, exc: Exception) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlmodel import col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from api.deps import Context, CurrentTenant
 from api.job_submission import submit_job
@@ -22,12 +24,16 @@ from api.routers.fine_tuning_schemas import (
     JobList,
 )
 from core.errors import InvalidRequest
-from core.jobs import request_cancel
-from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
+from core.jobs import request_cancel, with_metadata
+from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent, JobStatus
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 NOUN = "fine-tuning job"
 _EVENT_NUMBER = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column
+_METADATA_FILTER = re.compile(r"metadata\[(.+)\]")  # metadata[key]=value, as the openai SDK sends a filter
+# A running job stops after its current step; cancel waits this long for that, so that it can answer
+# ``cancelled`` as OpenAI does, and otherwise answers ``running`` with the cancel on its way.
+CANCEL_WAIT_S, CANCEL_POLL_S = 5.0, 0.1
 
 
 @router.post("", response_model=FineTuningJobObject, summary="Create a fine-tuning job")
@@ -37,9 +43,10 @@ def create_job(body: JobCreate, ctx: Context, tenant: CurrentTenant) -> FineTuni
 
 
 @router.get("", response_model=JobList, summary="List fine-tuning jobs")
-def list_jobs(ctx: Context, tenant: CurrentTenant, after: After = None, limit: Limit = 20) -> JobList:
-    """The caller's jobs, newest first."""
-    stmt = select(FineTuneJob).where(FineTuneJob.tenant_id == tenant.id)
+def list_jobs(request: Request, ctx: Context, tenant: CurrentTenant, after: After = None, limit: Limit = 20) -> JobList:
+    """The caller's jobs, newest first; ``metadata[key]=value`` (repeatable) keeps those whose metadata has
+    every pair given, ``metadata=null`` those without metadata."""
+    stmt = _metadata_filter(select(FineTuneJob).where(FineTuneJob.tenant_id == tenant.id), request)
     with ctx.session() as session:
         rows = session.exec(page_query(stmt, FineTuneJob.id, after=after, limit=limit)).all()
     return build_page(JobList, rows, limit, FineTuningJobObject.from_row)
@@ -54,11 +61,29 @@ def retrieve_job(job_id: str, ctx: Context, tenant: CurrentTenant) -> FineTuning
 
 @router.post("/{job_id}/cancel", response_model=FineTuningJobObject, summary="Cancel a fine-tuning job")
 def cancel_job(job_id: str, ctx: Context, tenant: CurrentTenant) -> FineTuningJobObject:
-    """Cancel a job: at once when it has not started (``cancelled``), after the current training step when it
-    runs (it stays ``running`` until its worker stops); a finished job answers 409."""
+    """Cancel a job: at once when it has not started, after the current training step when it runs (the
+    answer waits a few seconds for that, then says ``running`` if the step is longer); a finished job
+    answers 409."""
     with ctx.session() as session:
         job = request_cancel(session, get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN))
-        return FineTuningJobObject.from_row(job)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while job.status == JobStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(CANCEL_POLL_S)  # pacing the reads; the loop waits on the job's status
+        with ctx.session() as session:
+            job = session.get(FineTuneJob, job_id, populate_existing=True) or job
+    return FineTuningJobObject.from_row(job)
+
+
+def _metadata_filter(stmt: SelectOfScalar[FineTuneJob], request: Request) -> SelectOfScalar[FineTuneJob]:
+    pairs: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if name == "metadata" and value == "null":
+            return with_metadata(stmt, None)
+        if name == "metadata":
+            raise InvalidRequest("filter by metadata with metadata[key]=value, or metadata=null", param="metadata")
+        if match := _METADATA_FILTER.fullmatch(name):
+            pairs[match[1]] = value
+    return with_metadata(stmt, pairs) if pairs else stmt
 
 
 def _event_cursor(after: str | None) -> int | None:

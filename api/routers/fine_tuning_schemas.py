@@ -13,6 +13,8 @@ from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
 
 MAX_SEED = 2**31 - 1
 EVENT_ID_PREFIX = "ftevent-"
+# OpenAI's limits on metadata: 16 pairs, keys up to 64 characters, values up to 512.
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
 JobStatusName = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -46,11 +48,19 @@ class JobCreate(BaseModel):
         default=None, max_length=SUFFIX_MAX, description="Up to 64 letters, digits, '-' or '_'; ends up in the name."
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description="Same seed, data, settings: same adapter.")
+    metadata: dict[str, str] | None = Field(
+        default=None, description="Up to 16 string pairs (keys up to 64 characters, values up to 512) to find it by."
+    )
 
     @field_validator("suffix")
     @classmethod
     def _suffix(cls, value: str | None) -> str | None:
         return check_suffix(value)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return check_metadata(value)
 
     def requested_hyperparameters(self) -> tuple[Hyperparameters, str]:
         """The hyperparameters as sent, from the top level or from ``method``, and the field they came from."""
@@ -58,6 +68,20 @@ class JobCreate(BaseModel):
         if from_method is not None:
             return from_method, "method.supervised.hyperparameters"
         return self.hyperparameters or Hyperparameters(), "hyperparameters"
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata limits, with a message that names the pair to fix."""
+    if value is None:
+        return None
+    if len(value) > METADATA_PAIRS:
+        raise ValueError(f"metadata has {len(value)} pairs; at most {METADATA_PAIRS} are allowed")
+    for key, text in value.items():
+        if not key or len(key) > METADATA_KEY_CHARS:
+            raise ValueError(f"metadata key {key[:80]!r} must be 1 to {METADATA_KEY_CHARS} characters")
+        if len(text) > METADATA_VALUE_CHARS:
+            raise ValueError(f"metadata value of {key!r} is {len(text)} characters; at most {METADATA_VALUE_CHARS}")
+    return value
 
 
 class JobError(BaseModel):
@@ -87,7 +111,9 @@ class FineTuningJobObject(BaseModel):
     hyperparameters: ResolvedHyperparameters
     model: str
     organization_id: str = Field(description="The tenant id.")
-    result_files: list[str] = Field(default_factory=list)
+    result_files: list[str] = Field(
+        default_factory=list, description="Once succeeded: its step metrics (step_metrics.csv) in /v1/files."
+    )
     seed: int
     status: JobStatusName
     trained_tokens: int | None
@@ -123,6 +149,8 @@ class FineTuningJobObject(BaseModel):
             method=JobMethod(supervised=SupervisedMethod(hyperparameters=hyperparameters)),
             suffix=job.suffix,
             adapter_id=job.adapter_id,
+            result_files=list(job.result_files),
+            metadata=job.user_metadata,
         )
 
 

@@ -3,6 +3,8 @@ follow the job to ``succeeded``, and find the adapter among the models."""
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 import uuid
 from collections.abc import Iterator
@@ -99,9 +101,22 @@ def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
     assert "Fine-tuning job started" in messages
     assert any(e.type == "metrics" for e in events)
 
+    # Its metrics file: one row per step, as OpenAI's step_metrics.csv.
+    [results] = final.result_files
+    assert (client.files.retrieve(results).purpose, client.files.retrieve(results).filename) == (
+        "fine-tune-results",
+        "step_metrics.csv",
+    )
+    rows = list(csv.DictReader(io.StringIO(client.files.content(results).text)))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(0 <= float(r["train_mean_token_accuracy"]) <= 1 for r in rows)
+    losses = {e.data["step"]: e.data["train_loss"] for e in events if e.type == "metrics" and e.data}
+    assert [float(r["train_loss"]) for r in rows] == pytest.approx([losses[step] for step in range(1, 7)])
+
     # Each epoch left a checkpoint (12 examples in batches of 4: 3 steps an epoch), servable by its own name.
     checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
     assert [c.step_number for c in checkpoints] == [6, 3]  # newest first
+    assert [c.metrics.train_loss for c in checkpoints] == pytest.approx([losses[6], losses[3]])
     names = [c.fine_tuned_model_checkpoint for c in checkpoints]
     assert names == [f"{final.fine_tuned_model}:ckpt-step-{step}" for step in (6, 3)]
 
@@ -118,3 +133,31 @@ def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
         4,
     )
     assert [(adapters[n]["source"], adapters[n]["job_id"]) for n in names] == [("checkpoint", job.id)] * 2
+
+
+def test_cancelling_a_running_job_answers_cancelled_once_its_step_ends(deployment: Deployment) -> None:
+    settings = deployment.settings
+    assert settings.admin_key is not None
+    created = httpx.post(
+        f"{deployment.server.url}/admin/tenants",
+        json={"name": "e2e-quitter"},
+        headers={"Authorization": f"Bearer {settings.admin_key.get_secret_value()}"},
+    ).json()
+    client = TenantHandle(created["id"], created["name"], created["api_key"]["key"], deployment.server.url).openai()
+    training = client.files.create(file=("train.jsonl", chat_jsonl(12)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=settings.model_name or "", training_file=training.id, hyperparameters={"n_epochs": 100, "batch_size": 4}
+    )
+
+    def training_steps() -> int:
+        return sum(1 for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics")
+
+    deadline = time.monotonic() + 120
+    while training_steps() < 3:
+        assert time.monotonic() < deadline and deployment.worker.alive(), deployment.worker.log_tail(40)
+        time.sleep(0.25)  # pacing between polls
+
+    cancelled = client.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "cancelled"  # not "running": the answer waited for the step to end
+    assert cancelled.finished_at is not None and cancelled.fine_tuned_model is None
+    assert client.fine_tuning.jobs.retrieve(job.id).status == "cancelled"

@@ -90,6 +90,10 @@ def test_hyperparameters_may_come_through_method(
         ({"suffix": "has:colon"}, "suffix"),
         ({"suffix": "x" * 65}, "suffix"),
         ({"seed": -1}, "seed"),
+        ({"metadata": {f"key{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"metadata": {"note": "v" * 513}}, "metadata"),
+        ({"metadata": {"count": 3}}, "metadata.count"),
     ],
 )
 def test_bad_job_requests_name_the_field(
@@ -102,6 +106,32 @@ def test_bad_job_requests_name_the_field(
 
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param, caught.value.body
     assert list(tenant.openai().fine_tuning.jobs.list()) == []
+
+
+def test_jobs_keep_their_metadata_and_the_list_filters_by_it(
+    tenant: TenantHandle, training_file: str, api_settings: Settings
+) -> None:
+    client = tenant.openai()
+    model = api_settings.model_name or ""
+    search = client.fine_tuning.jobs.create(model=model, training_file=training_file, metadata={"team": "search"})
+    tagged = {"team": "ads", "experiment": "lr-sweep/3"}
+    ads = client.fine_tuning.jobs.create(model=model, training_file=training_file, metadata=tagged)
+    plain = client.fine_tuning.jobs.create(model=model, training_file=training_file)
+
+    assert client.fine_tuning.jobs.retrieve(ads.id).metadata == tagged and plain.metadata is None
+
+    def found(metadata: dict[str, str]) -> list[str]:
+        return [job.id for job in client.fine_tuning.jobs.list(metadata=metadata)]
+
+    assert found({"team": "search"}) == [search.id]
+    assert found({"team": "ads", "experiment": "lr-sweep/3"}) == [ads.id]
+    assert found({"team": "ads", "experiment": "other"}) == []
+    assert found({}) == [plain.id, ads.id, search.id]
+    with tenant.http() as http:
+        without = http.get("/v1/fine_tuning/jobs", params={"metadata": "null"}).json()["data"]
+        refused = http.get("/v1/fine_tuning/jobs", params={"metadata": "team"})
+    assert [job["id"] for job in without] == [plain.id]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "metadata"
 
 
 def test_cancel_ends_a_queued_job_and_a_finished_job_is_a_conflict(

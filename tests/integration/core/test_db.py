@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from sqlmodel import SQLModel, func, select
 from core import db
 from core.accounts import authenticate, create_tenant, revoke_api_key
 from core.errors import AuthenticationFailed, Conflict
-from core.models import ApiKey, Tenant, UsageRecord
+from core.ids import new_id
+from core.jobs import with_metadata
+from core.models import ApiKey, FineTuneJob, Tenant, UsageRecord
 
 TABLES = {"tenant", "api_key", "file", "fine_tune_job", "job_event", "adapter", "usage_record"}
 
@@ -48,6 +51,41 @@ def test_migrations_on_empty_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_migrations_on_empty_postgres(postgres_url: str) -> None:
     _check_schema(postgres_url)
+
+
+def _check_metadata_filter(url: str) -> None:
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        with db.session_scope(engine) as session:
+            tenant, _ = create_tenant(session, f"meta-{uuid.uuid4().hex[:8]}")
+            tagged = {"a": {"team": "search", "run": "1"}, "b": {"team": "ads"}, "c": None}
+            ids = {new_id("ftjob"): name for name in tagged}
+            for job_id, name in ids.items():
+                session.add(FineTuneJob(id=job_id, tenant_id=tenant.id, base_model="m", training_file="f",
+                                        user_metadata=tagged[name]))  # fmt: skip
+
+        def found(pairs: dict[str, str] | None) -> set[str]:
+            stmt = with_metadata(select(FineTuneJob).where(FineTuneJob.tenant_id == tenant.id), pairs)
+            with db.read_session(engine) as session:
+                return {ids[job.id] for job in session.exec(stmt).all()}
+
+        assert found({"team": "search"}) == {"a"}
+        assert found({"team": "search", "run": "1"}) == {"a"}
+        assert found({"team": "search", "run": "2"}) == set()
+        assert found({"run": "1"}) == {"a"}
+        assert found(None) == {"c"}  # no metadata is SQL NULL, not a JSON null
+    finally:
+        engine.dispose()
+
+
+def test_jobs_filter_by_metadata_on_sqlite(tmp_path: Path) -> None:
+    _check_metadata_filter(f"sqlite:///{tmp_path / 'loraplex.db'}")
+
+
+@pytest.mark.postgres
+def test_jobs_filter_by_metadata_on_postgres(postgres_url: str) -> None:
+    _check_metadata_filter(postgres_url)
 
 
 def test_usage_rows_written_before_cached_tokens_count_none(tmp_path: Path) -> None:

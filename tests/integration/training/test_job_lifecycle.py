@@ -266,7 +266,7 @@ def test_an_attempt_whose_job_was_cancelled_cannot_end_it_otherwise(platform: Pl
     before, messages = snapshot(platform, job.id), queued_messages(platform)
     lease = Lease(job.id, "slowhost:7", 1)
 
-    assert finish_succeeded(platform.engine, lease, stored_adapter(job)) == ("lost", None)
+    assert finish_succeeded(platform.engine, lease, stored_adapter(job), None) == ("lost", None)
     assert not finish_ended(platform.engine, lease, JobStatus.FAILED, "out of memory", code="training_error")
     assert retry_or_fail(platform.engine, lease, platform.celery, "store down", code="storage_error", delay=1) == "lost"
 

@@ -47,9 +47,9 @@ def test_each_epoch_leaves_a_servable_checkpoint_and_the_last_is_the_adapter(
     result = train_adapter(replace(base, validation_file=validation), on_progress=seen.append, on_checkpoint=keeper)
 
     assert [(c.step, c.epoch) for c in keeper.kept] == [(3, 1), (6, 2), (9, 3), (12, 4)]  # 12 examples, batches of 4
-    losses = {p.step: p.loss for p in seen if p.loss is not None}
-    evals = [p.eval_loss for p in seen if p.eval_loss is not None]
-    for checkpoint, eval_loss in zip(keeper.kept, evals, strict=True):
+    steps = {p.step: p for p in seen if p.loss is not None}
+    evals = [p for p in seen if p.eval_loss is not None]
+    for checkpoint, evaluation in zip(keeper.kept, evals, strict=True):
         assert sorted(p.name for p in checkpoint.adapter_dir.iterdir()) == sorted(
             [ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_MANIFEST]
         )
@@ -57,11 +57,15 @@ def test_each_epoch_leaves_a_servable_checkpoint_and_the_last_is_the_adapter(
         assert manifest["steps"] == checkpoint.step
         assert json.loads((checkpoint.adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == "tiny"
         assert {p.name for p in checkpoint.state_dir.iterdir()} == STATE_FILES
+        step = steps[checkpoint.step]
         assert checkpoint.metrics == {
             "step": float(checkpoint.step),
-            "train_loss": pytest.approx(losses[checkpoint.step]),
-            "valid_loss": pytest.approx(eval_loss),
-            "full_valid_loss": pytest.approx(eval_loss),
+            "train_loss": pytest.approx(step.loss),
+            "train_mean_token_accuracy": pytest.approx(step.accuracy),
+            "valid_loss": pytest.approx(evaluation.eval_loss),
+            "full_valid_loss": pytest.approx(evaluation.eval_loss),
+            "valid_mean_token_accuracy": pytest.approx(evaluation.eval_accuracy),
+            "full_valid_mean_token_accuracy": pytest.approx(evaluation.eval_accuracy),
         }
     last = keeper.kept[-1].adapter_dir
     assert (last / ADAPTER_WEIGHTS).read_bytes() == (result.output_dir / ADAPTER_WEIGHTS).read_bytes()

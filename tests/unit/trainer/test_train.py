@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import random
 from pathlib import Path
@@ -19,6 +21,7 @@ from trainer.cli import register
 from trainer.errors import TrainingCancelled
 from trainer.manifest import fingerprint_base_model, verify_adapter_dir
 from trainer.progress import Progress
+from trainer.tokenize import IGNORE_INDEX, tokenize_prompt_completion
 from trainer.train import TrainingRequest, train_adapter
 
 
@@ -77,6 +80,56 @@ def test_progress_is_reported_every_step_with_eval_loss_every_epoch(tiny_model_d
     assert (manifest["rank"], manifest["alpha"], manifest["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
     assert manifest["trained_tokens"] == result.trained_tokens
     assert manifest["eval_loss"] == result.eval_loss and manifest["train_loss"] == result.train_loss
+
+
+def test_the_result_file_has_every_step_and_the_accuracy_the_adapter_really_has(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    base = request(tiny_model_dir, tmp_path, "out", n_epochs=3, lora_r=4)
+    validation = write_rows(tmp_path / "valid.jsonl", 4, seed=1)
+    seen: list[Progress] = []
+    result = train_adapter(TrainingRequest(**{**base.__dict__, "validation_file": validation}), on_progress=seen.append)
+
+    rows = list(csv.DictReader(io.StringIO(result.step_metrics_csv)))
+    assert list(rows[0]) == [
+        "step",
+        "train_loss",
+        "train_mean_token_accuracy",
+        "valid_loss",
+        "valid_mean_token_accuracy",
+    ]
+    assert [int(r["step"]) for r in rows] == list(range(1, 10))
+    steps = [p for p in seen if p.loss is not None]
+    assert [float(r["train_loss"]) for r in rows] == pytest.approx([p.loss for p in steps])
+    assert [float(r["train_mean_token_accuracy"]) for r in rows] == pytest.approx([p.accuracy for p in steps])
+    assert all(0.0 <= p.accuracy <= 1.0 for p in steps)  # type: ignore[operator]
+    assert [r["step"] for r in rows if r["valid_loss"]] == ["3", "6", "9"]  # epoch ends
+
+    # The last evaluation ran on the final weights: its accuracy is what the saved adapter scores.
+    last = float(rows[-1]["valid_mean_token_accuracy"])
+    assert last == pytest.approx(token_accuracy(tiny_model_dir, result.output_dir, validation), abs=1e-12)
+
+
+def token_accuracy(model_dir: Path, adapter_dir: Path, data: Path) -> float:
+    """Share of completion tokens that base + adapter (PEFT) predict exactly, teacher-forced."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.train import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter_dir).eval()
+    correct = total = 0
+    for line in data.read_text().splitlines():
+        row = json.loads(line)
+        example = tokenize_prompt_completion(tokenizer, row["prompt"], row["completion"])
+        with torch.no_grad():
+            logits = model(torch.tensor([example.input_ids])).logits[0]
+        for position, label in enumerate(example.labels[1:]):
+            if label != IGNORE_INDEX:
+                correct += int(logits[position].argmax()) == label
+                total += 1
+    return correct / total
 
 
 def test_training_stops_between_steps_when_cancelled(tiny_model_dir: Path, tmp_path: Path) -> None:
