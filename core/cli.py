@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -156,11 +157,29 @@ def create_tenant_cmd(
         print(key)
 
 
+def iso_time(unix_seconds: int) -> str:
+    """``2026-12-06T20:17:43Z``: what the API's Unix seconds mean, readable and sortable."""
+    return datetime.fromtimestamp(unix_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def print_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """A table whose cells are never cut: ids and names must copy whole, so it may be wider than the terminal."""
+    table = Table(*columns)
+    for column in table.columns:
+        column.no_wrap = True
+    for row in rows:
+        table.add_row(*row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    console = Console()
+    console.width = max(console.width, sum(widths) + 3 * len(columns) + 1)  # cells, padding and borders
+    console.print(table)
+
+
 @admin_app.command("list-tenants")
 def list_tenants_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List tenants with their key counts."""
+    """List tenants with their key counts: full ids, creation times in ISO 8601 (UTC)."""
     from sqlmodel import func, select
 
     from core.db import make_engine, session_scope
@@ -176,16 +195,13 @@ def list_tenants_cmd(
             .order_by(Tenant.created_at, Tenant.id)
         ).all()
     items = [
-        {"id": t.id, "name": t.name, "disabled": t.disabled, "active_keys": n, "created_at": t.created_at}
+        {"id": t.id, "name": t.name, "disabled": t.disabled, "active_keys": n, "created_at": iso_time(t.created_at)}
         for t, n in rows
     ]
     if as_json:
         print(json.dumps(items))
         return
-    table = Table("id", "name", "disabled", "active keys", "created")
-    for item in items:
-        table.add_row(*(str(item[k]) for k in ("id", "name", "disabled", "active_keys", "created_at")))
-    Console().print(table)
+    print_table(("id", "name", "disabled", "active keys", "created"), [[str(v) for v in i.values()] for i in items])
 
 
 @admin_app.command("create-key")

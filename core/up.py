@@ -7,6 +7,8 @@ service through `LORAPLEX_*` settings (an external Redis is used as is, for exam
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import secrets
 import signal
@@ -24,16 +26,20 @@ from rich.live import Live
 from rich.table import Table
 
 from core.cpu_share import available_cores, split_cores
+from core.db import make_engine
 from core.errors import ConfigError
+from core.job_progress import JobProgress
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
 from core.model_source import resolve_model_dir
 from core.settings import Settings
 from core.thread_options import ServerThreads, TrainThreads
 
 console = Console(stderr=True)
+log = logging.getLogger(__name__)
 RESTART_WINDOW_S = 60.0
 MAX_RESTARTS_IN_WINDOW = 5
 CONFIG_ERROR_EXIT = 2  # our commands exit 2 on a configuration error: restarting cannot help
+JOBS_POLL_S = 2.0  # how often the console looks at training jobs
 
 
 def _secret_file(path: Path) -> str:
@@ -126,7 +132,7 @@ def _status_table(platform: Platform, admin_key: str) -> Table:
     return table
 
 
-def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: str) -> None:
+def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: str, jobs: JobProgress) -> None:
     stop = {"now": False}
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -138,9 +144,11 @@ def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: s
     live = None
     if console.is_terminal:
         live = Live(_status_table(platform, admin_key), console=console, refresh_per_second=2)
-    say = live.console.print if live else console.print
+    # Lines are never broken at the terminal's width: a sign-in link or model name must copy as one line.
+    say = functools.partial((live.console if live else console).print, soft_wrap=True)
     if live:
         live.start()
+    next_jobs_poll = 0.0
     try:
         while not stop["now"]:
             for child in platform.children:
@@ -148,12 +156,25 @@ def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: s
                 _check_child(child, env, logs, say)
                 if child.name == "api" and was == "starting" and child.state == "running":
                     _announce_login_link(platform.api_url, admin_key, say)
+            if time.monotonic() >= next_jobs_poll:
+                next_jobs_poll = time.monotonic() + JOBS_POLL_S
+                _say_job_progress(jobs, say)
             if live:
                 live.update(_status_table(platform, admin_key))
             time.sleep(0.5)
     finally:
         if live:
             live.stop()
+
+
+def _say_job_progress(jobs: JobProgress, say: Callable[[str], None]) -> None:
+    try:
+        lines = jobs.poll(time.monotonic())
+    except Exception as exc:  # the database being busy or restarted must not stop the supervisor
+        log.debug("could not read job progress: %s", exc)
+        return
+    for line in lines:
+        say(line)
 
 
 def _announce_login_link(api_url: str, admin_key: str, say: Callable[[str], None]) -> None:
@@ -280,7 +301,7 @@ def up(
         console.print(f"admin key: {admin_key}")
         console.print(f"logs:      {logs}")
         console.print(f"cpu:       {shares.describe()}", soft_wrap=True)
-        _supervise(platform, env, logs, admin_key)
+        _supervise(platform, env, logs, admin_key, JobProgress(make_engine(settings.db_url)))
     finally:
         console.print("stopping…")
         _shutdown(platform)

@@ -27,6 +27,15 @@ def color_of(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+def shortened(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut in the middle: a model name keeps its base and tenant at
+    the front and its job id at the end, the parts that tell two names apart."""
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) // 2
+    return text[: limit - 1 - tail] + "…" + text[-tail:]
+
+
 def human(value: float) -> str:
     """1234567 → ``1.2M``: axis labels that fit."""
     for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -97,6 +106,7 @@ def horizontal_bars(
     if not items or not any(v for _, v in items):
         return _empty(name, label, f"no {unit} in this period")
     row_h, label_w = 24, 300
+    label_chars = 40  # what fits left of the bars at 12 px (about 7 px a character)
     peak = max(v for _, v in items)
     height = row_h * len(items) + 8
     body = []
@@ -104,8 +114,9 @@ def horizontal_bars(
         y = 4 + i * row_h
         w = (WIDTH - label_w - 70) * value / peak if peak else 0
         fill = (colors or {}).get(item, color_of(0 if colors is None else i))
-        shown = item if len(item) <= 44 else "…" + item[-43:]
-        body.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{escape(shown)}</text>')
+        shown = shortened(item, label_chars)
+        hover = f"<title>{escape(item)}</title>"
+        body.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{hover}{escape(shown)}</text>')
         body.append(
             f'<rect class="bar" x="{label_w}" y="{y + 3}" width="{max(w, 1):.1f}" height="{row_h - 6}" fill="{fill}">'
             f"<title>{escape(item)}: {human(value)} {escape(unit)}</title></rect>"

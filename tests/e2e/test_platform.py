@@ -168,6 +168,10 @@ def test_fine_tune_and_serve_end_to_end(platform: RunningPlatform) -> None:
     adapter = job.fine_tuned_model
     assert adapter and adapter.startswith(f"ft:{BASE_MODEL}:e2e:e2e:")
     assert adapter in {m.id for m in client.models.list()}
+    # The console followed the job, and says which model to call.
+    done = f"job {job.id}: succeeded; call it as model {adapter}\n"
+    _wait(lambda: done in platform.output(), "the console to report the job", platform, 30)
+    assert re.search(rf"job {job.id}: step \d+/\d+ \(\d+%\), loss \d+\.\d{{4}}", platform.output())
 
     received = {"prompt": 0, "completion": 0}
     _wait(lambda: _ready_for_inference(client, received), "the inference server", platform, 180)
@@ -249,6 +253,16 @@ def test_a_tool_calling_adapter_fine_tuned_through_the_api(platform: RunningPlat
 
     base = client.chat.completions.create(model=BASE_MODEL, **{**ask, "temperature": 1.0, "seed": 1}).choices[0]
     assert base.finish_reason != "tool_calls" and not base.message.tool_calls
+
+
+def test_the_printed_sign_in_link_is_one_line_that_signs_in(platform: RunningPlatform) -> None:
+    _wait(lambda: "dashboard sign-in link" in platform.output(), "the sign-in link", platform, 60)
+    [link] = re.findall(r"dashboard sign-in link \(15 min\): (\S+)\n", platform.output())
+    assert len(link) > 80  # longer than the console's 80 columns: it was wrapped before
+
+    response = httpx.get(link, follow_redirects=False, timeout=30)
+    assert response.status_code == 303, response.text
+    assert response.headers["location"].endswith("/admin") and response.cookies
 
 
 def test_stop_leaves_no_process(platform: RunningPlatform) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,12 @@ def test_tenants_and_keys_from_the_command_line(run) -> None:
     run("admin", "create-key", "acme", "--name", "ci")
     [acme] = json.loads(run("admin", "list-tenants", "--json").stdout)
     assert (acme["id"], acme["name"], acme["active_keys"], acme["disabled"]) == (created["id"], "acme", 2, False)
-    assert "acme" in run("admin", "list-tenants").stdout
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", acme["created_at"])
+    # The table is not cut to 80 columns: the whole id and an ISO time, even beside a long name.
+    run("admin", "create-tenant", "a-tenant-whose-name-is-long-enough-to-squeeze-other-columns")
+    table = run("admin", "list-tenants").stdout
+    assert created["id"] in table and acme["created_at"] in table
+    assert "a-tenant-whose-name-is-long-enough-to-squeeze-other-columns" in table
 
     refused = run("admin", "create-tenant", "acme", ok=False)
     assert "acme" in refused.stdout + refused.stderr  # a second tenant of that name is refused by name

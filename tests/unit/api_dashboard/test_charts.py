@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from api.dashboard.charts import horizontal_bars, human, pool_bar, stacked_columns
+from api.dashboard.charts import horizontal_bars, human, pool_bar, shortened, stacked_columns
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -28,6 +28,18 @@ def test_labels_are_escaped() -> None:
     svg = horizontal_bars("top", "Top", [("<script>alert(1)</script>", 3.0)], "tokens")
     ET.fromstring(svg)
     assert "<script>" not in svg
+
+
+def test_long_model_names_are_shortened_in_the_middle_and_shown_whole_on_hover() -> None:
+    name = "ft:tiny-llama:acme-corporation:support-bot:ftjob-01m96fx31e4k83rcmwkjkfywcc"
+    svg = horizontal_bars("top", "Top", [(name, 3.0)], "tokens")
+    [label] = [el for el in ET.fromstring(svg).iter(f"{SVG}text") if el.find(f"{SVG}title") is not None]
+
+    shown = "".join(label.itertext()).removeprefix(name)  # the hover title comes first, then what is drawn
+    assert shown == shortened(name, 40) and len(shown) == 40
+    assert shown.startswith("ft:tiny-llama:acme") and shown.endswith("kjkfywcc") and "…" in shown
+    assert label.findtext(f"{SVG}title") == name
+    assert shortened("ft:short", 40) == "ft:short"
 
 
 def test_horizontal_bars_are_proportional() -> None:
