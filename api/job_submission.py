@@ -34,15 +34,23 @@ _RESOLVE_FIELDS = ("lora_r", "max_seq_len", "target_modules")
 
 
 def resolve_hyperparameters(
-    body: JobCreate, settings: Settings, context_length: int | None, model_type: str | None = None
+    body: JobCreate,
+    settings: Settings,
+    context_length: int | None,
+    model_type: str | None = None,
+    num_examples: int | None = None,
 ) -> ResolvedHyperparameters:
-    """Concrete hyperparameters, or ``InvalidRequest`` whose ``param`` names the offending one."""
+    """Concrete hyperparameters (``auto`` ones from the training file's ``num_examples``), or
+    ``InvalidRequest`` whose ``param`` names the offending one."""
     requested, where = body.requested_hyperparameters()
     if body.hyperparameters is not None and body.method is not None and where != "hyperparameters":
         raise InvalidRequest("give hyperparameters either at the top level or in method, not both", param="method")
     try:
         return requested.resolve(
-            max_lora_rank=settings.max_lora_rank, context_length=context_length, model_type=model_type
+            max_lora_rank=settings.max_lora_rank,
+            context_length=context_length,
+            model_type=model_type,
+            num_examples=num_examples,
         )
     except ValueError as exc:
         message = str(exc)
@@ -114,11 +122,15 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
     check_base_model(body.model, ctx.base_model.name)
     model_type = ctx.base_model.config.get("model_type")
-    hyperparameters = resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length, model_type)
+    resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length, model_type)  # bad values first
     with ctx.session() as session:
         files = [(_fine_tune_file(session, tenant, body.training_file, "training_file"), "training_file")]
         if body.validation_file is not None:
             files.append((_fine_tune_file(session, tenant, body.validation_file, "validation_file"), "validation_file"))
+        examples = files[0][0].num_examples
+        hyperparameters = resolve_hyperparameters(
+            body, ctx.settings, ctx.base_model.context_length, model_type, num_examples=examples
+        )
         # Created validating_files (the column's default): nothing runs it until queue_validated.
         job = FineTuneJob(
             id=new_id("ftjob"),

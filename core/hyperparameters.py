@@ -19,8 +19,26 @@ from core.projections import PROJECTIONS as ALL_TARGETS
 KNOWN_TARGETS = tuple(dict.fromkeys([*ALL_TARGETS, *(n for family in FAMILY_MODULES.values() for n in family.names)]))
 
 BASE_LEARNING_RATE = 2e-4  # what learning_rate_multiplier=1 means for LoRA
-DEFAULT_EPOCHS = 3
+DEFAULT_EPOCHS = 3  # "auto" when the dataset's size is not known (``loraplex train``)
 DEFAULT_BATCH_SIZE = 4
+# "auto" from the dataset's size, as OpenAI documents it: about 3 passes, but at least 100 and at most 25,000
+# examples seen in all (1 to 25 epochs), and batches of about 0.2% of the examples (1 to 256).
+TARGET_EPOCHS, MIN_TARGET_EXAMPLES, MAX_TARGET_EXAMPLES, MAX_AUTO_EPOCHS = 3, 100, 25_000, 25
+AUTO_BATCH_FRACTION, MAX_AUTO_BATCH = 0.002, 256
+
+
+def auto_epochs(num_examples: int) -> int:
+    """Epochs for ``n_epochs="auto"``: 3, more for small files (100 examples seen), fewer for huge ones."""
+    if num_examples * TARGET_EPOCHS < MIN_TARGET_EXAMPLES:
+        return min(MAX_AUTO_EPOCHS, MIN_TARGET_EXAMPLES // num_examples)
+    if num_examples * TARGET_EPOCHS > MAX_TARGET_EXAMPLES:
+        return max(1, MAX_TARGET_EXAMPLES // num_examples)
+    return TARGET_EPOCHS
+
+
+def auto_batch_size(num_examples: int) -> int:
+    """Batch size for ``batch_size="auto"``: about 0.2% of the examples, between 1 and 256."""
+    return max(1, min(MAX_AUTO_BATCH, round(AUTO_BATCH_FRACTION * num_examples)))
 
 
 class Hyperparameters(BaseModel):
@@ -102,11 +120,19 @@ class Hyperparameters(BaseModel):
         return v
 
     def resolve(
-        self, *, max_lora_rank: int, context_length: int | None = None, model_type: str | None = None
+        self,
+        *,
+        max_lora_rank: int,
+        context_length: int | None = None,
+        model_type: str | None = None,
+        num_examples: int | None = None,
     ) -> ResolvedHyperparameters:
         """Concrete values for training; raises ``ValueError`` naming the field when out of bounds.
 
-        With the base model's ``model_type``, ``target_modules`` become that family's module names."""
+        With the base model's ``model_type``, ``target_modules`` become that family's module names. With the
+        training file's ``num_examples``, ``"auto"`` epochs and batch size follow its size (:func:`auto_epochs`,
+        :func:`auto_batch_size`); without it they are 3 and 4. ``"auto"`` learning-rate multiplier is 1:
+        OpenAI's 0.05-0.2 scale full-parameter rates, which mean nothing for LoRA's."""
         if not 1 <= self.lora_r <= max_lora_rank:
             raise ValueError(f"lora_r must be between 1 and {max_lora_rank} (the platform's max rank)")
         if context_length is not None and self.max_seq_len > context_length:
@@ -115,9 +141,12 @@ class Hyperparameters(BaseModel):
         targets = list(self.target_modules or ALL_TARGETS)
         if model_type is not None:
             targets = list(adapter_modules(model_type).targets(targets))
+        epochs, batch = (DEFAULT_EPOCHS, DEFAULT_BATCH_SIZE)
+        if num_examples:
+            epochs, batch = auto_epochs(num_examples), auto_batch_size(num_examples)
         return ResolvedHyperparameters(
-            n_epochs=DEFAULT_EPOCHS if self.n_epochs == "auto" else self.n_epochs,
-            batch_size=DEFAULT_BATCH_SIZE if self.batch_size == "auto" else self.batch_size,
+            n_epochs=epochs if self.n_epochs == "auto" else self.n_epochs,
+            batch_size=batch if self.batch_size == "auto" else self.batch_size,
             learning_rate_multiplier=multiplier,
             learning_rate=self.learning_rate if self.learning_rate is not None else BASE_LEARNING_RATE * multiplier,
             lora_r=self.lora_r,

@@ -57,6 +57,10 @@ def test_a_job_is_queued_with_resolved_hyperparameters_and_events(
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id)]
     assert messages == ["Files validated, moving job to queued state", f"Created fine-tuning job: {job.id}"]
 
+    # "auto" follows the training file's size (12 examples): 8 epochs to see about 100, batches of 1.
+    auto = client.fine_tuning.jobs.create(model=api_settings.model_name or "", training_file=training_file)
+    assert (auto.hyperparameters.n_epochs, auto.hyperparameters.batch_size) == (8, 1)
+
 
 def test_hyperparameters_may_come_through_method(
     tenant: TenantHandle, training_file: str, api_settings: Settings

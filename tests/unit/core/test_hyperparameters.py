@@ -18,6 +18,26 @@ def test_auto_values_resolve_to_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("examples", "epochs", "batch"),
+    [
+        (1, 25, 1),  # 100 examples seen would take 100 epochs: capped at 25
+        (12, 8, 1),  # 3 passes would see 36 < 100 examples
+        (34, 3, 1),  # 3 x 34 = 102: the target
+        (1_000, 3, 2),
+        (10_000, 2, 20),  # 3 passes would see 30,000 > 25,000
+        (200_000, 1, 256),
+    ],
+)
+def test_auto_epochs_and_batch_size_follow_the_dataset_as_openai_documents(
+    examples: int, epochs: int, batch: int
+) -> None:
+    resolved = Hyperparameters().resolve(max_lora_rank=64, num_examples=examples)
+    assert (resolved.n_epochs, resolved.batch_size) == (epochs, batch)
+    chosen = Hyperparameters(n_epochs=5, batch_size=8).resolve(max_lora_rank=64, num_examples=examples)
+    assert (chosen.n_epochs, chosen.batch_size) == (5, 8)  # what a client sets is never overridden
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("n_epochs", 1_000_000),
