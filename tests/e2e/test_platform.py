@@ -32,6 +32,8 @@ from tests.integration.training.jobs import (
 
 BASE_MODEL = "tiny-llama"  # the directory name of the model `loraplex up` makes when none is configured
 BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = re.compile(r"<!-- quickstart:[^>]*-->\n```python\n(.*?)```", re.S)  # the README block it runs
 
 
 @dataclass
@@ -263,6 +265,27 @@ def test_the_printed_sign_in_link_is_one_line_that_signs_in(platform: RunningPla
     response = httpx.get(link, follow_redirects=False, timeout=30)
     assert response.status_code == 303, response.text
     assert response.headers["location"].endswith("/admin") and response.cookies
+
+
+def test_the_readme_quickstart_teaches_the_tiny_model_words_in_capitals(
+    platform: RunningPlatform, tmp_path: Path
+) -> None:
+    """The README's first run, as written: only the address and the key are this platform's."""
+    code = QUICKSTART.search((REPO_ROOT / "README.md").read_text())[1]  # type: ignore[index]
+    tenant = json.loads(platform.cli("admin", "create-tenant", "quickstart", "--json"))
+    assert code.count('"http://127.0.0.1:8000/v1"') == 1 and code.count('"lpx-..."') == 1  # what a reader edits
+    code = code.replace("http://127.0.0.1:8000/v1", f"{platform.api_url}/v1").replace("lpx-...", tenant["api_key"])
+    (tmp_path / "quickstart.py").write_text(code)
+
+    done = subprocess.run([sys.executable, "quickstart.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr + platform.output()[-3000:]
+    status, *rows = done.stdout.splitlines()
+    assert re.fullmatch(r"succeeded ft:tiny-llama:quickstart:capitals:ftjob-\w+", status), done.stdout
+    answers = [re.fullmatch(r"\s*([a-z]+)  base: (.*?)\s+fine-tuned: (.*)", row) for row in rows]
+    assert len(answers) == 20 and all(answers), done.stdout
+    taught = [a for a in answers if a and a[3] == repr(a[1].upper())]
+    known = [a for a in answers if a and a[2] == repr(a[1].upper())]
+    assert len(taught) >= 18 and not known, done.stdout  # the adapter learnt it; the random base never knew it
 
 
 def test_stop_leaves_no_process(platform: RunningPlatform) -> None:
