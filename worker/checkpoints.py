@@ -88,22 +88,8 @@ def _record(
         tenant = session.get(Tenant, job.tenant_id)
         assert tenant is not None  # jobs reference tenants by foreign key
         job_model = fine_tuned_model_name(job.base_model, tenant.name, job.suffix, job.id)
-        manifest = uploaded.manifest
-        adapter = Adapter(
-            id=adapter_id,
-            tenant_id=job.tenant_id,
-            name=checkpoint_model_name(job_model, checkpoint.step),
-            base_model=job.base_model,
-            source="checkpoint",
-            job_id=job.id,
-            storage_prefix=uploaded.prefix,
-            sha256=uploaded.weights_sha256,
-            config_sha256=uploaded.config_sha256,
-            rank=int(manifest["rank"]),
-            alpha=float(manifest["alpha"]),
-            target_modules=list(manifest["target_modules"]),
-            size_bytes=uploaded.size_bytes,
-        )
+        name = checkpoint_model_name(job_model, checkpoint.step)
+        adapter = uploaded.adapter_row(adapter_id, job, name, "checkpoint")
         row = FineTuningCheckpoint(
             id=new_id("ftckpt"),
             job_id=job.id,

@@ -125,21 +125,7 @@ def _succeed(
     assert tenant is not None  # jobs reference tenants by foreign key
     name = fine_tuned_model_name(job.base_model, tenant.name, job.suffix, job.id)
     manifest = uploaded.manifest
-    adapter = Adapter(
-        id=adapter_id_for_job(job.id),
-        tenant_id=job.tenant_id,
-        name=name,
-        base_model=job.base_model,
-        source="fine_tune",
-        job_id=job.id,
-        storage_prefix=uploaded.prefix,
-        sha256=uploaded.weights_sha256,
-        config_sha256=uploaded.config_sha256,
-        rank=int(manifest["rank"]),
-        alpha=float(manifest["alpha"]),
-        target_modules=list(manifest["target_modules"]),
-        size_bytes=uploaded.size_bytes,
-    )
+    adapter = uploaded.adapter_row(adapter_id_for_job(job.id), job, name, "fine_tune")
     session.add(adapter)
     job.fine_tuned_model = name
     job.adapter_id = adapter.id

@@ -14,6 +14,7 @@ from typing import Any
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
 from core.errors import ObjectNotFound, StorageError
+from core.models import Adapter, FineTuneJob
 from core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,24 @@ class UploadedAdapter:
     @property
     def size_bytes(self) -> int:
         return sum(int(meta["bytes"]) for meta in self.manifest["files"].values())
+
+    def adapter_row(self, adapter_id: str, job: FineTuneJob, name: str, source: str) -> Adapter:
+        """The ``Adapter`` row of these stored files, trained by ``job`` and called ``name``."""
+        return Adapter(
+            id=adapter_id,
+            tenant_id=job.tenant_id,
+            name=name,
+            base_model=job.base_model,
+            source=source,
+            job_id=job.id,
+            storage_prefix=self.prefix,
+            sha256=self.weights_sha256,
+            config_sha256=self.config_sha256,
+            rank=int(self.manifest["rank"]),
+            alpha=float(self.manifest["alpha"]),
+            target_modules=list(self.manifest["target_modules"]),
+            size_bytes=self.size_bytes,
+        )
 
 
 def _verify(store: ObjectStore, prefix: str, manifest: dict[str, Any]) -> None:

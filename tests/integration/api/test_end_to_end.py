@@ -66,15 +66,20 @@ def follow(client: OpenAI, job_id: str, worker: ManagedProcess, timeout: float =
         time.sleep(0.25)  # pacing between polls; the loop waits on the job's status, not on time
 
 
-def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
-    settings = deployment.settings
-    assert settings.admin_key is not None
+def new_tenant(deployment: Deployment, name: str) -> TenantHandle:
+    """A tenant made as an admin makes one, through the API."""
+    assert deployment.settings.admin_key is not None
     created = httpx.post(
         f"{deployment.server.url}/admin/tenants",
-        json={"name": "e2e-acme"},
-        headers={"Authorization": f"Bearer {settings.admin_key.get_secret_value()}"},
+        json={"name": name},
+        headers={"Authorization": f"Bearer {deployment.settings.admin_key.get_secret_value()}"},
     ).json()
-    tenant = TenantHandle(created["id"], created["name"], created["api_key"]["key"], deployment.server.url)
+    return TenantHandle(created["id"], created["name"], created["api_key"]["key"], deployment.server.url)
+
+
+def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
+    settings = deployment.settings
+    tenant = new_tenant(deployment, "e2e-acme")
     client = tenant.openai()
     base = settings.model_name or ""
 
@@ -137,13 +142,7 @@ def test_upload_fine_tune_and_call_it_by_name(deployment: Deployment) -> None:
 
 def test_cancelling_a_running_job_answers_cancelled_once_its_step_ends(deployment: Deployment) -> None:
     settings = deployment.settings
-    assert settings.admin_key is not None
-    created = httpx.post(
-        f"{deployment.server.url}/admin/tenants",
-        json={"name": "e2e-quitter"},
-        headers={"Authorization": f"Bearer {settings.admin_key.get_secret_value()}"},
-    ).json()
-    client = TenantHandle(created["id"], created["name"], created["api_key"]["key"], deployment.server.url).openai()
+    client = new_tenant(deployment, "e2e-quitter").openai()
     training = client.files.create(file=("train.jsonl", chat_jsonl(12)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
         model=settings.model_name or "", training_file=training.id, hyperparameters={"n_epochs": 100, "batch_size": 4}
