@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,13 +50,20 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            json_serializer=_json_text,
         )
         _configure_sqlite(engine)
         return engine
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("", "psycopg2"):
         # psycopg 3 is the driver we ship; plain postgresql:// URLs should just work.
         url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, json_serializer=_json_text)
+
+
+def _json_text(value: object) -> str:
+    """JSON columns as UTF-8 text, not ``\\u`` escapes: SQLite's ``json_extract`` compares a path's key with
+    the stored text as written, so an escaped ``é`` in a key would never match a filter on it."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 @contextmanager

@@ -14,8 +14,9 @@ from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from core.errors import NotFound
+from core.ids import now
 from core.job_states import JobStatus, check_move, mark_ended
-from core.models import FineTuneJob, JobEvent
+from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
 from core.queue import TRAIN_TASK, train_queue
 
 
@@ -33,6 +34,11 @@ def job_id_for_adapter(adapter_id: str) -> str:
 def results_file_id_for_job(job_id: str) -> str:
     """The id of a job's metrics file (``step_metrics.csv``): fixed by the job, like its adapter's id."""
     return "file-" + job_id.split("-", 1)[-1]
+
+
+def job_id_for_results_file(file_id: str) -> str:
+    """The job whose metrics file would be ``file_id`` (the inverse of :func:`results_file_id_for_job`)."""
+    return "ftjob-" + file_id.split("-", 1)[-1]
 
 
 def fine_tuned_model_name(base_model: str, tenant_name: str, suffix: str | None, job_id: str) -> str:
@@ -90,10 +96,41 @@ def end_job(
     param: str | None = None,
 ) -> None:
     """End ``job`` ``cancelled`` or ``failed`` with an event saying why (for ``failed``, also the error a
-    user reads). Raises ``IllegalTransition`` when the job already finished."""
+    user reads), and retire its checkpoints: a job that produced no model serves none of its epochs either.
+    Their objects go with the orphan sweep. Raises ``IllegalTransition`` when the job already finished."""
     mark_ended(job, status, error=message, code=code, param=param)
+    retire_checkpoints(session, job.id, keep=0)
     session.add(job)
     record_event(session, job, message, level="error" if status == JobStatus.FAILED else "info")
+
+
+def retire_adapter_row(session: Session, adapter: Adapter) -> bool:
+    """Mark ``adapter`` deleted and give its model name up (a checkpoint's name comes back when a resumed job
+    reaches that step again); True when it was live."""
+    was_live = adapter.deleted_at is None
+    if was_live:
+        adapter.deleted_at = now()
+    if "#retired-" not in adapter.name:
+        adapter.name = f"{adapter.name}#retired-{adapter.id}"
+    session.add(adapter)
+    return was_live
+
+
+def retire_checkpoints(session: Session, job_id: str, *, keep: int) -> list[Adapter]:
+    """Retire the job's checkpoints but the newest ``keep``; the adapters that were live (their objects are
+    the caller's to remove, or the orphan sweep's)."""
+    rows = session.exec(
+        select(FineTuningCheckpoint)
+        .where(FineTuningCheckpoint.job_id == job_id)
+        .order_by(col(FineTuningCheckpoint.step_number).desc())
+    ).all()
+    retired = []
+    for row in rows[keep:]:
+        adapter = session.get(Adapter, row.adapter_id)
+        if adapter is not None and retire_adapter_row(session, adapter):
+            retired.append(adapter)
+        session.delete(row)
+    return retired
 
 
 def request_cancel(session: Session, job: FineTuneJob) -> FineTuneJob:

@@ -23,6 +23,7 @@ import httpx
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from core.cpu_share import available_cores, split_cores
@@ -169,12 +170,10 @@ def _supervise(platform: Platform, env: dict[str, str], logs: Path, admin_key: s
 
 def _say_job_progress(jobs: JobProgress, say: Callable[[str], None]) -> None:
     try:
-        lines = jobs.poll(time.monotonic())
+        for line in jobs.poll(time.monotonic()):
+            say(escape(line))  # job errors are the user's text: "[...]" in them is not console markup
     except Exception as exc:  # the database being busy or restarted must not stop the supervisor
-        log.debug("could not read job progress: %s", exc)
-        return
-    for line in lines:
-        say(line)
+        log.debug("could not report job progress: %s", exc)
 
 
 def _announce_login_link(api_url: str, admin_key: str, say: Callable[[str], None]) -> None:

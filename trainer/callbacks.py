@@ -18,9 +18,11 @@ class ProgressBridge(TrainerCallback):
         self._on_progress = on_progress
         self._should_cancel = should_cancel
         self._started = time.monotonic()
+        self._first_step = 0  # the step this run started from: past 0 when resumed from a checkpoint
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw) -> None:
         self._started = time.monotonic()
+        self._first_step = state.global_step
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw) -> None:
         if self._should_cancel is not None and self._should_cancel():
@@ -50,7 +52,8 @@ class ProgressBridge(TrainerCallback):
             return
         step, total = state.global_step, state.max_steps
         elapsed = time.monotonic() - self._started
-        eta = elapsed / step * (total - step) if step else None
+        done = step - self._first_step
+        eta = elapsed / done * (total - step) if done > 0 else None
         self._on_progress(
             Progress(
                 step=step,

@@ -31,6 +31,17 @@ from trainer.tokenize import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 PEFT_MODEL_CARD = "README.md"  # PEFT writes one; an adapter directory holds only what servers load
+# Examples per forward pass. A larger batch accumulates gradients over passes of this size (the Trainer
+# normalises the loss over the whole batch's tokens): "auto" goes up to 256 examples, whose logits alone would
+# not fit in a GPU for a model with a large vocabulary.
+MAX_MICRO_BATCH = 16
+
+
+def micro_batches(batch_size: int) -> tuple[int, int]:
+    """(examples per pass, passes per step) for ``batch_size``: the largest pass of at most ``MAX_MICRO_BATCH``
+    that divides it, so every step sees exactly ``batch_size`` examples."""
+    per_pass = max(d for d in range(1, min(batch_size, MAX_MICRO_BATCH) + 1) if batch_size % d == 0)
+    return per_pass, batch_size // per_pass
 
 
 @dataclass(frozen=True)
@@ -151,13 +162,15 @@ def train_adapter(
         interval = request.checkpoint_interval_s
         callbacks.append(CheckpointBridge(on_checkpoint, export, num_epochs=hp.n_epochs, min_interval_s=interval))
     trainer = None
+    per_pass, passes = micro_batches(hp.batch_size)
     try:
         with tempfile.TemporaryDirectory(prefix="loraplex-train-") as scratch:
             args = TrainingArguments(
                 output_dir=scratch,
                 num_train_epochs=hp.n_epochs,
-                per_device_train_batch_size=hp.batch_size,
-                per_device_eval_batch_size=hp.batch_size,
+                per_device_train_batch_size=per_pass,
+                gradient_accumulation_steps=passes,
+                per_device_eval_batch_size=per_pass,
                 learning_rate=hp.learning_rate,
                 lr_scheduler_type="linear",
                 weight_decay=0.0,

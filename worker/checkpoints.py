@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from core.db import read_session, session_scope
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_prefix
 from core.errors import ObjectNotFound
-from core.ids import new_id, now
-from core.jobs import fine_tuned_model_name, lock_job, record_event
+from core.ids import new_id
+from core.jobs import fine_tuned_model_name, lock_job, record_event, retire_adapter_row, retire_checkpoints
 from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, Tenant
 from core.settings import Settings
 from core.storage import ObjectStore
@@ -89,6 +89,16 @@ def _record(
         assert tenant is not None  # jobs reference tenants by foreign key
         job_model = fine_tuned_model_name(job.base_model, tenant.name, job.suffix, job.id)
         name = checkpoint_model_name(job_model, checkpoint.step)
+        retired = []
+        # An earlier attempt may have saved this step already (its objects incomplete, so training started
+        # over) or the tenant deleted it before the crash: that row gives its name up.
+        clash = session.exec(select(Adapter).where(Adapter.name == name)).first()
+        if clash is not None:
+            if retire_adapter_row(session, clash):
+                retired.append(clash)
+            for stale in session.exec(select(FineTuningCheckpoint).where(FineTuningCheckpoint.adapter_id == clash.id)):
+                session.delete(stale)
+        session.flush()
         adapter = uploaded.adapter_row(adapter_id, job, name, "checkpoint")
         row = FineTuningCheckpoint(
             id=new_id("ftckpt"),
@@ -104,24 +114,7 @@ def _record(
         message = f"Checkpoint created at step {checkpoint.step} (epoch {checkpoint.epoch}): {adapter.name}"
         record_event(session, job, message, data={"step": checkpoint.step, "checkpoint": row.id})
         session.flush()
-        return _retire_beyond_kept(session, job.id)
-
-
-def _retire_beyond_kept(session: Session, job_id: str) -> list[Adapter]:
-    rows = session.exec(
-        select(FineTuningCheckpoint)
-        .where(FineTuningCheckpoint.job_id == job_id)
-        .order_by(col(FineTuningCheckpoint.step_number).desc())
-    ).all()
-    retired = []
-    for row in rows[KEEP_CHECKPOINTS:]:
-        adapter = session.get(Adapter, row.adapter_id)
-        if adapter is not None and adapter.deleted_at is None:
-            adapter.deleted_at = now()
-            session.add(adapter)
-            retired.append(adapter)
-        session.delete(row)
-    return retired  # read after the commit (sessions do not expire their rows), to announce
+        return retired + retire_checkpoints(session, job.id, keep=KEEP_CHECKPOINTS)
 
 
 def newest_checkpoint(engine: Engine, job_id: str) -> tuple[FineTuningCheckpoint, Adapter] | None:

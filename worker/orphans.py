@@ -6,7 +6,8 @@ the row cannot be written. The undo itself can fail (the store went down mid-upl
 was killed), leaving objects that nothing references: invisible to tenants, yet stored and paid for. The sweep
 finds them:
 
-- ``tenants/{t}/files/{file}``: kept while a live ``File`` row of that tenant has that key;
+- ``tenants/{t}/files/{file}``: kept while a live ``File`` row of that tenant has that key, or while the job
+  whose metrics file it is has not ended (a redelivery adopts it);
 - ``tenants/{t}/adapters/{adapter}/...``: kept while a live ``Adapter`` row has that prefix, or while the
   fine-tuning job that writes it has not ended (a redelivery finalizes from those objects); a checkpoint's
   training state lives under its adapter's prefix (``state/``) and goes with it;
@@ -30,7 +31,7 @@ from sqlmodel import col, select
 
 from core.db import read_session
 from core.descriptor import file_key
-from core.jobs import adapter_id_for_job, job_id_for_adapter
+from core.jobs import adapter_id_for_job, job_id_for_adapter, job_id_for_results_file, results_file_id_for_job
 from core.models import Adapter, File, FineTuneJob, JobStatus
 from core.storage import ObjectInfo, ObjectStore
 
@@ -104,6 +105,14 @@ def _referenced_files(engine: Engine, groups: list[_Group]) -> set[tuple[str, st
             kept |= {
                 ("file", row.tenant_id, row.id) for row in rows if row.storage_key == file_key(row.tenant_id, row.id)
             }
+            # A job still queued or running owns its metrics file before any row exists.
+            job_ids = [job_id_for_results_file(file_id) for file_id in ids]
+            jobs = session.exec(
+                select(FineTuneJob).where(
+                    col(FineTuneJob.id).in_(job_ids), col(FineTuneJob.status).not_in(JobStatus.TERMINAL)
+                )
+            ).all()
+            kept |= {("file", job.tenant_id, results_file_id_for_job(job.id)) for job in jobs}
     return kept
 
 

@@ -154,7 +154,8 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
 
     def on_checkpoint(checkpoint: Checkpoint) -> None:
         if not save_checkpoint(rt.settings, rt.engine, rt.store, keeper.lease, checkpoint):
-            raise TrainingCancelled(checkpoint.step)  # the job is no longer this attempt's: stop training
+            keeper.lost = True  # the job is no longer this attempt's: stop training, write nothing more
+            raise TrainingCancelled(checkpoint.step)
 
     return train_adapter(
         request,

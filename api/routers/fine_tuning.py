@@ -69,7 +69,7 @@ def cancel_job(job_id: str, ctx: Context, tenant: CurrentTenant) -> FineTuningJo
     deadline = time.monotonic() + CANCEL_WAIT_S
     while job.status == JobStatus.RUNNING and time.monotonic() < deadline:
         time.sleep(CANCEL_POLL_S)  # pacing the reads; the loop waits on the job's status
-        with ctx.session() as session:
+        with ctx.reading() as session:  # read-only: SQLite's one writer is the worker, stopping the job
             job = session.get(FineTuneJob, job_id, populate_existing=True) or job
     return FineTuningJobObject.from_row(job)
 

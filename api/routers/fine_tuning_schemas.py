@@ -79,6 +79,9 @@ def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     for key, text in value.items():
         if not key or len(key) > METADATA_KEY_CHARS:
             raise ValueError(f"metadata key {key[:80]!r} must be 1 to {METADATA_KEY_CHARS} characters")
+        if any(c in key for c in '"\\') or not key.isprintable():
+            # Filters become JSON paths ($."key") in SQL; these would end or escape the quoted key.
+            raise ValueError(f"metadata key {key!r} may not contain quotes, backslashes or control characters")
         if len(text) > METADATA_VALUE_CHARS:
             raise ValueError(f"metadata value of {key!r} is {len(text)} characters; at most {METADATA_VALUE_CHARS}")
     return value

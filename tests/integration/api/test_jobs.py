@@ -98,6 +98,7 @@ def test_hyperparameters_may_come_through_method(
         ({"metadata": {"k" * 65: "v"}}, "metadata"),
         ({"metadata": {"note": "v" * 513}}, "metadata"),
         ({"metadata": {"count": 3}}, "metadata.count"),
+        ({"metadata": {'say "hi"': "v"}}, "metadata"),
     ],
 )
 def test_bad_job_requests_name_the_field(

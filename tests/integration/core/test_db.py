@@ -59,7 +59,12 @@ def _check_metadata_filter(url: str) -> None:
     try:
         with db.session_scope(engine) as session:
             tenant, _ = create_tenant(session, f"meta-{uuid.uuid4().hex[:8]}")
-            tagged = {"a": {"team": "search", "run": "1"}, "b": {"team": "ads"}, "c": None}
+            tagged = {
+                "a": {"team": "search", "run": "1"},
+                "b": {"team": "ads"},
+                "c": None,
+                "d": {"équipe": "référencement"},
+            }
             ids = {new_id("ftjob"): name for name in tagged}
             for job_id, name in ids.items():
                 session.add(FineTuneJob(id=job_id, tenant_id=tenant.id, base_model="m", training_file="f",
@@ -75,6 +80,7 @@ def _check_metadata_filter(url: str) -> None:
         assert found({"team": "search", "run": "2"}) == set()
         assert found({"run": "1"}) == {"a"}
         assert found(None) == {"c"}  # no metadata is SQL NULL, not a JSON null
+        assert found({"équipe": "référencement"}) == {"d"}  # stored as UTF-8 text, not \u escapes
     finally:
         engine.dispose()
 

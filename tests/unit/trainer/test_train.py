@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
@@ -130,6 +131,26 @@ def token_accuracy(model_dir: Path, adapter_dir: Path, data: Path) -> float:
                 correct += int(logits[position].argmax()) == label
                 total += 1
     return correct / total
+
+
+def test_a_large_batch_accumulates_passes_and_trains_what_one_pass_would(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainer.train
+
+    assert trainer.train.micro_batches(32) == (16, 2) and trainer.train.micro_batches(20) == (10, 2)
+    assert trainer.train.micro_batches(17) == (1, 17) and trainer.train.micro_batches(4) == (4, 1)
+    big = request(tiny_model_dir, tmp_path, "passes", n_epochs=2, batch_size=12)
+    big = TrainingRequest(**{**big.__dict__, "training_file": write_rows(tmp_path / "more.jsonl", 36)})
+    monkeypatch.setattr(trainer.train, "MAX_MICRO_BATCH", 4)  # 3 passes of 4 per step
+    accumulated = train_adapter(big)
+    monkeypatch.setattr(trainer.train, "MAX_MICRO_BATCH", 64)  # one pass of 12
+    whole = train_adapter(TrainingRequest(**{**big.__dict__, "output_dir": tmp_path / "whole"}))
+
+    assert accumulated.steps == whole.steps == 6  # 36 examples in batches of 12, 2 epochs
+    a, b = load_file(accumulated.output_dir / ADAPTER_WEIGHTS), load_file(whole.output_dir / ADAPTER_WEIGHTS)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
 def test_training_stops_between_steps_when_cancelled(tiny_model_dir: Path, tmp_path: Path) -> None:
