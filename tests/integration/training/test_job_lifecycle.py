@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,11 +18,13 @@ from core.descriptor import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_prefix
 from core.errors import Conflict
 from core.hyperparameters import Hyperparameters
 from core.jobs import adapter_id_for_job, request_cancel
-from core.models import Adapter, FineTuneJob, JobStatus
+from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobStatus
 from core.queue import train_queue
 from tests.integration.conftest import Platform
 from tests.integration.training.jobs import adapter_objects, jsonl, memorable_rows, submit_job
+from trainer.progress import Checkpoint
 from trainer.train import TrainingRequest, train_adapter
+from worker.checkpoints import save_checkpoint
 from worker.lifecycle import Lease, claim_job, finish_ended, finish_succeeded, retry_or_fail
 from worker.reaper import reap_stale_jobs
 from worker.requeue import fail_interrupted_submissions, requeue_lost_jobs
@@ -325,3 +328,48 @@ def test_only_jobs_still_validating_fail_as_interrupted_submissions(platform: Pl
         "submission_interrupted",
     )
     assert snapshot(platform, other.id) == before
+
+
+def test_a_checkpoint_saved_again_takes_its_name_back_and_an_ended_job_retires_its_checkpoints(
+    platform: Platform, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    set_job(platform, job.id, status=JobStatus.RUNNING, attempts=1, worker_id="here:1", heartbeat_at=time.time())
+    lease = Lease(job.id, "here:1", 1)
+    request = TrainingRequest(
+        base_model_dir=tiny_model_dir,
+        training_file=tmp_path / "train.jsonl",
+        output_dir=tmp_path / "out",
+        hyperparameters=Hyperparameters(n_epochs=1, batch_size=4).resolve(max_lora_rank=64),
+        base_model_name=platform.settings.model_name,
+    )
+    request.training_file.write_bytes(jsonl(memorable_rows(0)))
+    saved: list[Checkpoint] = []
+    copies = tmp_path / "copies"
+
+    def keep(checkpoint: Checkpoint) -> None:
+        for part in ("adapter", "state"):
+            shutil.copytree(getattr(checkpoint, f"{part}_dir"), copies / part)
+        saved.append(checkpoint)
+
+    train_adapter(request, on_checkpoint=keep)
+    checkpoint = Checkpoint(saved[0].step, 1, copies / "adapter", copies / "state")
+    # The first save's objects went missing, so a restarted attempt trained the epoch again and saves it again.
+    assert save_checkpoint(platform.settings, platform.engine, platform.store, lease, checkpoint)
+    assert save_checkpoint(platform.settings, platform.engine, platform.store, lease, checkpoint)
+
+    with platform.session() as session:
+        rows = session.exec(select(Adapter).where(Adapter.job_id == job.id)).all()
+        [kept] = session.exec(select(FineTuningCheckpoint).where(FineTuningCheckpoint.job_id == job.id)).all()
+    live = [a for a in rows if a.deleted_at is None]
+    assert [a.id for a in live] == [kept.adapter_id] and live[0].name.endswith(f":ckpt-step-{checkpoint.step}")
+    [replaced] = [a for a in rows if a.deleted_at is not None]
+    assert replaced.name == f"{live[0].name}#retired-{replaced.id}"
+    assert platform.store.list(replaced.storage_prefix) == []
+
+    # A job that ends without a model (cancelled or failed) serves none of its epochs either.
+    assert finish_ended(platform.engine, lease, JobStatus.CANCELLED, "Job cancelled at step 4")
+    with platform.session() as session:
+        assert session.exec(select(FineTuningCheckpoint).where(FineTuningCheckpoint.job_id == job.id)).all() == []
+        adapters = session.exec(select(Adapter).where(Adapter.job_id == job.id)).all()
+    assert adapters and all(a.deleted_at is not None and "#retired-" in a.name for a in adapters)

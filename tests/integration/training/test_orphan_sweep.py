@@ -11,7 +11,7 @@ import pytest
 
 from core.descriptor import adapter_prefix, file_key
 from core.ids import new_id, now
-from core.jobs import adapter_id_for_job
+from core.jobs import adapter_id_for_job, results_file_id_for_job
 from core.local_services import ManagedProcess
 from core.models import Adapter, File, FineTuneJob, JobStatus
 from tests.integration.conftest import Platform
@@ -75,6 +75,11 @@ def test_only_objects_nothing_refers_to_are_removed(platform: Platform) -> None:
     failed = submit_job(platform, "acme", jsonl(memorable_rows(1)), enqueue=False)
     set_job_status(platform, failed, JobStatus.FAILED)  # its cleanup could not reach the store
     failed_prefix = store_adapter_objects(platform, tenant, adapter_id_for_job(failed.id))
+    # Metrics files stored before their job's success is recorded: kept while the job runs, not after it failed.
+    running_results = file_key(tenant, results_file_id_for_job(running.id))
+    failed_results = file_key(tenant, results_file_id_for_job(failed.id))
+    for key in (running_results, failed_results):
+        platform.store.put_bytes(key, b"step,train_loss\n")
 
     not_ours = f"tenants/{tenant}/exports/report.csv"
     platform.store.put_bytes(not_ours, b"a,b\n")
@@ -86,13 +91,13 @@ def test_only_objects_nothing_refers_to_are_removed(platform: Platform) -> None:
 
     removed = set(sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=LATER))
 
-    gone = {deleted_file.storage_key, unrecorded_file}
+    gone = {deleted_file.storage_key, unrecorded_file, failed_results}
     for prefix in (crashed_upload, failed_prefix, elsewhere):
         gone |= {k for k in before if k.startswith(prefix)}
     assert removed == gone
     remaining = {o.key for o in platform.store.list("tenants/")}
     assert remaining == before - gone
-    assert live_file.storage_key in remaining and not_ours in remaining
+    assert live_file.storage_key in remaining and not_ours in remaining and running_results in remaining
     assert any(k.startswith(live_adapter) for k in remaining) and any(k.startswith(running_prefix) for k in remaining)
     assert sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=LATER) == []
 
