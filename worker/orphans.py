@@ -23,11 +23,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from core.db import read_session
 from core.descriptor import file_key
@@ -106,12 +106,7 @@ def _referenced_files(engine: Engine, groups: list[_Group]) -> set[tuple[str, st
                 ("file", row.tenant_id, row.id) for row in rows if row.storage_key == file_key(row.tenant_id, row.id)
             }
             # A job still queued or running owns its metrics file before any row exists.
-            job_ids = [job_id_for_results_file(file_id) for file_id in ids]
-            jobs = session.exec(
-                select(FineTuneJob).where(
-                    col(FineTuneJob.id).in_(job_ids), col(FineTuneJob.status).not_in(JobStatus.TERMINAL)
-                )
-            ).all()
+            jobs = _unfinished_jobs(session, [job_id_for_results_file(file_id) for file_id in ids])
             kept |= {("file", job.tenant_id, results_file_id_for_job(job.id)) for job in jobs}
     return kept
 
@@ -125,11 +120,14 @@ def _referenced_adapters(engine: Engine, groups: list[_Group]) -> set[tuple[str,
             ).all()
             kept |= {("adapter", row.tenant_id, row.id) for row in rows}
             # A job still queued or running owns its adapter's objects before any row exists.
-            job_ids = [job_id_for_adapter(adapter_id) for adapter_id in ids]
-            jobs = session.exec(
-                select(FineTuneJob).where(
-                    col(FineTuneJob.id).in_(job_ids), col(FineTuneJob.status).not_in(JobStatus.TERMINAL)
-                )
-            ).all()
+            jobs = _unfinished_jobs(session, [job_id_for_adapter(adapter_id) for adapter_id in ids])
             kept |= {("adapter", job.tenant_id, adapter_id_for_job(job.id)) for job in jobs}
     return kept
+
+
+def _unfinished_jobs(session: Session, job_ids: list[str]) -> Sequence[FineTuneJob]:
+    """Those of ``job_ids`` that exist and have not ended."""
+    stmt = select(FineTuneJob).where(
+        col(FineTuneJob.id).in_(job_ids), col(FineTuneJob.status).not_in(JobStatus.TERMINAL)
+    )
+    return session.exec(stmt).all()
