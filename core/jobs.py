@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 from sqlmodel import Session, col, select
-from sqlmodel.sql.expression import SelectOfScalar
+from sqlmodel.sql.expression import Select, SelectOfScalar
 
 from core.errors import NotFound
 from core.ids import now
@@ -114,6 +114,15 @@ def retire_adapter_row(session: Session, adapter: Adapter) -> bool:
         adapter.name = f"{adapter.name}#retired-{adapter.id}"
     session.add(adapter)
     return was_live
+
+
+def live_checkpoints(job_id: str) -> Select[tuple[FineTuningCheckpoint, Adapter]]:
+    """The job's checkpoints with their adapters, those still live (a tenant may have deleted one)."""
+    return (
+        select(FineTuningCheckpoint, Adapter)
+        .join(Adapter, col(Adapter.id) == FineTuningCheckpoint.adapter_id)
+        .where(FineTuningCheckpoint.job_id == job_id, col(Adapter.deleted_at).is_(None))
+    )
 
 
 def retire_checkpoints(session: Session, job_id: str, *, keep: int) -> list[Adapter]:

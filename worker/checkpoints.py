@@ -20,7 +20,14 @@ from core.db import read_session, session_scope
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_prefix
 from core.errors import ObjectNotFound
 from core.ids import new_id
-from core.jobs import fine_tuned_model_name, lock_job, record_event, retire_adapter_row, retire_checkpoints
+from core.jobs import (
+    fine_tuned_model_name,
+    live_checkpoints,
+    lock_job,
+    record_event,
+    retire_adapter_row,
+    retire_checkpoints,
+)
 from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, Tenant
 from core.settings import Settings
 from core.storage import ObjectStore
@@ -120,13 +127,8 @@ def _record(
 def newest_checkpoint(engine: Engine, job_id: str) -> tuple[FineTuningCheckpoint, Adapter] | None:
     """The job's newest checkpoint whose adapter is still live (a tenant may have deleted it)."""
     with read_session(engine) as session:
-        rows = session.exec(
-            select(FineTuningCheckpoint, Adapter)
-            .join(Adapter, col(Adapter.id) == FineTuningCheckpoint.adapter_id)
-            .where(FineTuningCheckpoint.job_id == job_id, col(Adapter.deleted_at).is_(None))
-            .order_by(col(FineTuningCheckpoint.step_number).desc())
-        ).first()
-    return (rows[0], rows[1]) if rows is not None else None
+        newest = session.exec(live_checkpoints(job_id).order_by(col(FineTuningCheckpoint.step_number).desc())).first()
+    return (newest[0], newest[1]) if newest is not None else None
 
 
 def fetch_checkpoint(engine: Engine, store: ObjectStore, job_id: str, dest: Path) -> StoredCheckpoint | None:

@@ -6,7 +6,7 @@ import re
 import time
 
 from fastapi import APIRouter, Request
-from sqlmodel import col, select
+from sqlmodel import select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from api.deps import Context, CurrentTenant
@@ -24,8 +24,8 @@ from api.routers.fine_tuning_schemas import (
     JobList,
 )
 from core.errors import InvalidRequest
-from core.jobs import request_cancel, with_metadata
-from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent, JobStatus
+from core.jobs import live_checkpoints, request_cancel, with_metadata
+from core.models import FineTuneJob, FineTuningCheckpoint, JobEvent, JobStatus
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 NOUN = "fine-tuning job"
@@ -116,10 +116,6 @@ def list_checkpoints(
     ``fine_tuned_model_checkpoint`` name."""
     with ctx.session() as session:
         get_owned(session, FineTuneJob, job_id, tenant, noun=NOUN)
-        stmt = (
-            select(FineTuningCheckpoint, Adapter)
-            .join(Adapter, col(Adapter.id) == FineTuningCheckpoint.adapter_id)
-            .where(FineTuningCheckpoint.job_id == job_id, col(Adapter.deleted_at).is_(None))
-        )
+        stmt = live_checkpoints(job_id)
         rows = session.exec(page_query(stmt, FineTuningCheckpoint.id, after=after, limit=limit)).all()
     return build_page(CheckpointList, rows, limit, lambda pair: CheckpointObject.from_rows(*pair))
