@@ -17,20 +17,23 @@ import secrets
 from sqlmodel import Session, delete
 
 from api.context import ApiContext
-from api.ownership import plausible_id
+from api.ownership import find_owned_adapter, plausible_id
 from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
+from core.dataset_format import method_format_problem
 from core.errors import InvalidRequest, NotFound, ObjectNotFound
 from core.hyperparameters import ResolvedHyperparameters
 from core.ids import new_id
 from core.job_states import IllegalTransition, mark_queued
 from core.jobs import lock_job, record_event
-from core.models import File, FineTuneJob, JobEvent, Tenant
+from core.models import Adapter, File, FineTuneJob, JobEvent, Tenant
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # ResolvedHyperparameters.resolve() names the field first in its messages ("lora_r must be ...").
-_RESOLVE_FIELDS = ("lora_r", "max_seq_len", "target_modules")
+_RESOLVE_FIELDS = ("lora_r", "max_seq_len", "target_modules", "beta")
+# What a job that continues a fine-tuned model takes from it: the adapter's shape, which training extends.
+_INHERITED = ("lora_r", "lora_alpha", "target_modules")
 
 
 def resolve_hyperparameters(
@@ -39,15 +42,28 @@ def resolve_hyperparameters(
     context_length: int | None,
     model_type: str | None = None,
     num_examples: int | None = None,
+    parent: Adapter | None = None,
 ) -> ResolvedHyperparameters:
-    """Concrete hyperparameters (``auto`` ones from the training file's ``num_examples``), or
-    ``InvalidRequest`` whose ``param`` names the offending one."""
+    """Concrete hyperparameters (``auto`` ones from the training file's ``num_examples``; the adapter's shape
+    from ``parent``, the fine-tuned model the job continues), or ``InvalidRequest`` whose ``param`` names the
+    offending one."""
     requested, where = body.requested_hyperparameters()
     if body.hyperparameters is not None and body.method is not None and where != "hyperparameters":
         raise InvalidRequest("give hyperparameters either at the top level or in method, not both", param="method")
+    if parent is not None:
+        shape = {"lora_r": parent.rank, "lora_alpha": parent.alpha, "target_modules": list(parent.target_modules)}
+        for name in _INHERITED:
+            given = getattr(requested, name)
+            if name in requested.model_fields_set and given is not None and given != shape[name]:
+                raise InvalidRequest(
+                    f"{name} is {shape[name]!r} in {parent.name!r}, which this job continues; leave {name} out",
+                    param=f"{where}.{name}",
+                )
+        requested = requested.model_copy(update=shape)
     try:
         return requested.resolve(
             max_lora_rank=settings.max_lora_rank,
+            method=body.method_type,
             context_length=context_length,
             model_type=model_type,
             num_examples=num_examples,
@@ -58,13 +74,19 @@ def resolve_hyperparameters(
         raise InvalidRequest(message, param=f"{where}.{field}" if field else where) from None
 
 
-def check_base_model(model: str, base_name: str) -> None:
-    """Jobs train on the configured base model only."""
+def resolve_model(session: Session, tenant: Tenant, model: str, base_name: str) -> Adapter | None:
+    """What ``model`` trains on: the configured base (None), or one of the tenant's fine-tuned models, whose
+    adapter the job continues (with its own name for checkpoints: ``…:ckpt-step-N``)."""
     if model == base_name:
-        return
-    if model.startswith("ft:"):
+        return None
+    # Another tenant's model reads exactly like a missing one.
+    parent = find_owned_adapter(session, tenant, model) if model.startswith("ft:") else None
+    if parent is not None and parent.base_model == base_name:
+        return parent
+    if parent is not None or model.startswith("ft:"):
         raise InvalidRequest(
-            f"continuing from a fine-tuned model is not supported; fine-tune the base model {base_name!r}",
+            f"no fine-tuned model {model!r} of yours to continue here; see /v1/models, or fine-tune the base "
+            f"model {base_name!r}",
             param="model",
             code="model_not_available",
         )
@@ -75,7 +97,7 @@ def check_base_model(model: str, base_name: str) -> None:
     )
 
 
-def _fine_tune_file(session: Session, tenant: Tenant, file_id: str, param: str) -> File:
+def _fine_tune_file(session: Session, tenant: Tenant, file_id: str, param: str, method: str) -> File:
     row = session.get(File, file_id) if plausible_id(file_id) else None
     # Someone else's file reads exactly like a missing one.
     if row is None or row.tenant_id != tenant.id or row.deleted_at is not None:
@@ -84,6 +106,9 @@ def _fine_tune_file(session: Session, tenant: Tenant, file_id: str, param: str) 
         raise InvalidRequest(f"file {file_id!r} has purpose {row.purpose!r}, not 'fine-tune'", param=param)
     if row.status != "processed":
         raise InvalidRequest(f"file {file_id!r} is {row.status}, not processed: {row.status_details}", param=param)
+    problem = method_format_problem(method, row.format)
+    if problem is not None:
+        raise InvalidRequest(f"file {file_id!r}: {problem}", param=param)
     return row
 
 
@@ -120,22 +145,27 @@ def queue_validated(session: Session, job_id: str, examples: dict[str, int | Non
 
 def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
-    check_base_model(body.model, ctx.base_model.name)
-    model_type = ctx.base_model.config.get("model_type")
-    resolve_hyperparameters(body, ctx.settings, ctx.base_model.context_length, model_type)  # bad values first
+    model_type, context = ctx.base_model.config.get("model_type"), ctx.base_model.context_length
+    method = body.method_type
     with ctx.session() as session:
-        files = [(_fine_tune_file(session, tenant, body.training_file, "training_file"), "training_file")]
+        parent = resolve_model(session, tenant, body.model, ctx.base_model.name)
+        resolve_hyperparameters(body, ctx.settings, context, model_type, parent=parent)  # bad values first
+        files = [(_fine_tune_file(session, tenant, body.training_file, "training_file", method), "training_file")]
         if body.validation_file is not None:
-            files.append((_fine_tune_file(session, tenant, body.validation_file, "validation_file"), "validation_file"))
+            validation = _fine_tune_file(session, tenant, body.validation_file, "validation_file", method)
+            files.append((validation, "validation_file"))
         examples = files[0][0].num_examples
         hyperparameters = resolve_hyperparameters(
-            body, ctx.settings, ctx.base_model.context_length, model_type, num_examples=examples
+            body, ctx.settings, context, model_type, num_examples=examples, parent=parent
         )
         # Created validating_files (the column's default): nothing runs it until queue_validated.
         job = FineTuneJob(
             id=new_id("ftjob"),
             tenant_id=tenant.id,
-            base_model=body.model,
+            base_model=ctx.base_model.name,
+            method=method,
+            parent_model=parent.name if parent is not None else None,
+            parent_adapter_id=parent.id if parent is not None else None,
             training_file=body.training_file,
             validation_file=body.validation_file,
             hyperparameters=hyperparameters.model_dump(),

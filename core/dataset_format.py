@@ -1,7 +1,9 @@
 """Structural validation of fine-tuning JSONL, line by line, before anything is trained.
 
-Two formats, one per file: chat (``{"messages": [{"role", "content"}, ...]}``, optionally with tools and
-tool calls: ``core.dataset_tools``) and prompt/completion (``{"prompt", "completion"}``). Every problem
+Three formats, one per file: chat (``{"messages": [{"role", "content"}, ...]}``, optionally with tools and
+tool calls: ``core.dataset_tools``), prompt/completion (``{"prompt", "completion"}``), and OpenAI's preference
+pairs for DPO (``{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}``,
+each output one assistant message). Every problem
 is reported with its 1-based line number, up to a cap, so a user can fix a file in one pass. Pure
 Python: the API runs it while an upload streams in, the trainer runs it again (and adds token-length
 checks that need the tokenizer).
@@ -18,6 +20,9 @@ from core.dataset_tools import check_tool_calls, check_tools
 
 CHAT = "chat"
 PROMPT_COMPLETION = "prompt_completion"
+PREFERENCE = "preference"
+SUPERVISED_FORMATS = (CHAT, PROMPT_COMPLETION)  # what supervised fine-tuning trains on; DPO takes PREFERENCE
+PREFERENCE_OUTPUTS = ("preferred_output", "non_preferred_output")
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MIN_EXAMPLES = 10
 DEFAULT_MAX_PROBLEMS = 20
@@ -55,7 +60,25 @@ class DatasetReport:
         return f"invalid {what}: {shown}"
 
 
+def method_format_problem(method: str, data_format: str | None) -> str | None:
+    """Why a file of ``data_format`` cannot train with ``method`` (``supervised`` or ``dpo``), or None: supervised
+    fine-tuning reads chat or prompt/completion examples, DPO preference pairs."""
+    if data_format is None or (data_format == PREFERENCE) == (method == "dpo"):
+        return None
+    if method == "dpo":
+        return (
+            f"method 'dpo' trains on preference pairs ('input', 'preferred_output', 'non_preferred_output'), but "
+            f"the file holds {data_format} examples; use method 'supervised' for them"
+        )
+    return (
+        "the file holds preference pairs, which train with method 'dpo'; supervised fine-tuning needs "
+        f"{' or '.join(SUPERVISED_FORMATS)} examples"
+    )
+
+
 def _example_format(obj: dict[str, Any]) -> str | None:
+    if "input" in obj or any(key in obj for key in PREFERENCE_OUTPUTS):
+        return PREFERENCE
     if "messages" in obj:
         return CHAT
     if "prompt" in obj or "completion" in obj:
@@ -149,6 +172,54 @@ def _check_prompt_completion(obj: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _check_preference(obj: dict[str, Any]) -> list[str]:
+    """OpenAI's DPO line: a conversation to answer (``input``), and the answer preferred over another."""
+    inp = obj.get("input")
+    if not isinstance(inp, dict):
+        return ["'input' must be an object with 'messages' (the conversation to answer)"]
+    messages = inp.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ["'input.messages' must be a non-empty list"]
+    problems, names, parallel = _check_example_tools(inp)
+    extra = set(inp) - {"messages", "tools", "parallel_tool_calls"}
+    if extra:
+        problems.append(f"'input' has unsupported keys {sorted(extra)}")
+    called: set[str] = set()
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            problems.append(f"input.messages[{i}] must be an object with 'role' and 'content'")
+            continue
+        problems.extend(f"input.{p}" for p in _check_message(i, msg, names, parallel, called))
+    if not problems and messages[-1].get("role") == "assistant":
+        problems.append("the last input message must not be from the assistant: the outputs answer it")
+    answers = []
+    for key in PREFERENCE_OUTPUTS:
+        output = obj.get(key)
+        if not isinstance(output, list) or len(output) != 1 or not isinstance(output[0], dict):
+            problems.append(f"'{key}' must be a list of exactly one assistant message")
+            continue
+        message = output[0]
+        if message.get("role") != "assistant":
+            problems.append(f"{key}[0].role must be 'assistant', got {message.get('role')!r}")
+            continue
+        # Same rules as an assistant turn of a chat example, checked against the input's tools and calls.
+        problems.extend(
+            p.replace("messages[0]", f"{key}[0]") for p in _check_message(0, message, names, parallel, set(called))
+        )
+        if "weight" in message:
+            problems.append(f"{key}[0] has unsupported keys ['weight']")
+        answers.append(json.dumps(message, sort_keys=True))
+    if len(answers) == 2 and answers[0] == answers[1]:
+        problems.append("'preferred_output' and 'non_preferred_output' are the same; a pair must differ")
+    extra = set(obj) - {"input", *PREFERENCE_OUTPUTS}
+    if extra:
+        problems.append(f"unsupported keys {sorted(extra)}")
+    return problems
+
+
+_CHECKS = {CHAT: _check_chat, PROMPT_COMPLETION: _check_prompt_completion, PREFERENCE: _check_preference}
+
+
 class DatasetValidator:
     """Feed lines as they arrive (``feed``), then ``finish`` for the report."""
 
@@ -196,14 +267,18 @@ class DatasetValidator:
             return None
         fmt = _example_format(obj)
         if fmt is None:
-            self._problem(line, "unknown format: expected 'messages' (chat) or 'prompt' and 'completion'")
+            self._problem(
+                line,
+                "unknown format: expected 'messages' (chat), 'prompt' and 'completion', or 'input', "
+                "'preferred_output' and 'non_preferred_output' (preference pairs for DPO)",
+            )
             return None
         if self.report.format is None:
             self.report.format = fmt
         elif fmt != self.report.format:
             self._problem(line, f"mixes formats: this line is {fmt} but the file started as {self.report.format}")
             return None
-        problems = _check_chat(obj) if fmt == CHAT else _check_prompt_completion(obj)
+        problems = _CHECKS[fmt](obj)
         for message in problems:
             self._problem(line, message)
         if problems:

@@ -18,6 +18,8 @@ from core.projections import PROJECTIONS as ALL_TARGETS
 # Every module name some family has (Phi-3's fused ones too); resolve() checks them against the base model.
 KNOWN_TARGETS = tuple(dict.fromkeys([*ALL_TARGETS, *(n for family in FAMILY_MODULES.values() for n in family.names)]))
 
+SUPERVISED, DPO = "supervised", "dpo"  # fine-tuning methods, as OpenAI's job ``method.type`` names them
+DEFAULT_BETA = 0.1  # DPO's beta="auto"
 BASE_LEARNING_RATE = 2e-4  # what learning_rate_multiplier=1 means for LoRA
 DEFAULT_EPOCHS = 3  # "auto" when the dataset's size is not known (``loraplex train``)
 DEFAULT_BATCH_SIZE = 4
@@ -57,6 +59,9 @@ class Hyperparameters(BaseModel):
         default=None, description="Default: all seven projections (for Phi-3 its four modules, which fuse them)."
     )
     max_seq_len: int = Field(default=1024)
+    beta: float | Literal["auto"] | None = Field(
+        default=None, description="DPO only: how far the policy may move from the reference (auto: 0.1)."
+    )
 
     @field_validator("n_epochs")
     @classmethod
@@ -119,10 +124,18 @@ class Hyperparameters(BaseModel):
             raise ValueError("max_seq_len must be between 8 and 131072")
         return v
 
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float | int) and not 0 < v <= 2:
+            raise ValueError("beta must be > 0 and <= 2")
+        return v
+
     def resolve(
         self,
         *,
         max_lora_rank: int,
+        method: str = SUPERVISED,
         context_length: int | None = None,
         model_type: str | None = None,
         num_examples: int | None = None,
@@ -132,7 +145,10 @@ class Hyperparameters(BaseModel):
         With the base model's ``model_type``, ``target_modules`` become that family's module names. With the
         training file's ``num_examples``, ``"auto"`` epochs and batch size follow its size (:func:`auto_epochs`,
         :func:`auto_batch_size`); without it they are 3 and 4. ``"auto"`` learning-rate multiplier is 1:
-        OpenAI's 0.05-0.2 scale full-parameter rates, which mean nothing for LoRA's."""
+        OpenAI's 0.05-0.2 scale full-parameter rates, which mean nothing for LoRA's. ``beta`` belongs to
+        ``method`` DPO (``"auto"``: 0.1, as OpenAI and the DPO paper)."""
+        if method != DPO and self.beta is not None:
+            raise ValueError("beta is a DPO hyperparameter; give it with method 'dpo' or leave it out")
         if not 1 <= self.lora_r <= max_lora_rank:
             raise ValueError(f"lora_r must be between 1 and {max_lora_rank} (the platform's max rank)")
         if context_length is not None and self.max_seq_len > context_length:
@@ -154,6 +170,7 @@ class Hyperparameters(BaseModel):
             lora_dropout=self.lora_dropout,
             target_modules=targets,
             max_seq_len=self.max_seq_len,
+            beta=(DEFAULT_BETA if self.beta in (None, "auto") else float(self.beta)) if method == DPO else None,  # type: ignore[arg-type]
         )
 
 
@@ -171,3 +188,4 @@ class ResolvedHyperparameters(BaseModel):
     lora_dropout: float
     target_modules: list[str]
     max_seq_len: int
+    beta: float | None = None  # DPO's: how far from the reference the policy may move (None for supervised)

@@ -63,7 +63,10 @@ class FineTuneJob(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=40)
     tenant_id: str = Field(foreign_key="tenant.id", max_length=40)
-    base_model: str = Field(max_length=255)
+    base_model: str = Field(max_length=255)  # the base its adapter applies to, also when it continues a parent
+    method: str = Field(default="supervised", max_length=16)  # supervised | dpo
+    parent_model: str | None = Field(default=None, max_length=512)  # the fine-tuned model it continues, as named
+    parent_adapter_id: str | None = Field(default=None, max_length=40)  # that model's adapter
     training_file: str = Field(max_length=40)
     validation_file: str | None = Field(default=None, max_length=40)
     status: str = Field(default=JobStatus.VALIDATING_FILES, max_length=24)

@@ -35,6 +35,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_seq_len: Annotated[int, typer.Option(help="Longest example in tokens.")] = 1024,
         seed: Annotated[int, typer.Option(help="Seed: same seed, data and settings give the same adapter.")] = 0,
+        method: Annotated[
+            str, typer.Option(help="supervised (chat or prompt/completion data) or dpo (preference pairs).")
+        ] = "supervised",
+        beta: Annotated[float | None, typer.Option(help="DPO only: distance from the reference (default 0.1).")] = None,
+        from_adapter: Annotated[
+            Path | None,
+            typer.Option(
+                exists=True, file_okay=False, help="An adapter directory to continue (its rank, alpha and targets)."
+            ),
+        ] = None,
         threads: TrainThreads = None,
     ) -> None:
         """Validate the data, train, and write adapter_config.json, adapter_model.safetensors and manifest.json."""
@@ -42,7 +52,7 @@ def register(app: typer.Typer) -> None:
         from transformers.utils import logging as transformers_logging
 
         from core.errors import ConfigError
-        from core.hyperparameters import Hyperparameters
+        from core.hyperparameters import DPO, SUPERVISED, Hyperparameters
         from core.model_source import default_model_name, resolve_model_dir
         from trainer.errors import InvalidTrainingData, TrainingCancelled
         from trainer.train import TrainingRequest, train_adapter
@@ -59,6 +69,12 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         # The family decides the module names (Phi-3 fuses q/k/v and gate/up), so targets are checked against it.
         model_type = _model_type(model_dir)
+        if method not in (SUPERVISED, DPO):
+            console.print(f"[red]error:[/red] --method must be {SUPERVISED} or {DPO}, not {method!r}")
+            raise typer.Exit(2)
+        if from_adapter is not None:  # training extends that adapter, so it keeps its shape
+            shape = json.loads((from_adapter / "adapter_config.json").read_text(encoding="utf-8"))
+            lora_r, lora_alpha, target_modules = shape["r"], shape["lora_alpha"], ",".join(shape["target_modules"])
         try:
             hyperparameters = Hyperparameters(
                 n_epochs=n_epochs if n_epochs is not None else "auto",
@@ -69,7 +85,8 @@ def register(app: typer.Typer) -> None:
                 lora_dropout=lora_dropout,
                 target_modules=[t.strip() for t in target_modules.split(",")] if target_modules else None,
                 max_seq_len=max_seq_len,
-            ).resolve(max_lora_rank=settings.max_lora_rank, model_type=model_type)
+                beta=beta,
+            ).resolve(max_lora_rank=settings.max_lora_rank, model_type=model_type, method=method)
         except (ValidationError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
@@ -85,6 +102,8 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             validation_file=validation,
             num_threads=threads,
+            method=method,
+            parent_adapter_dir=from_adapter,
         )
         try:
             with _ProgressBar() as bar:

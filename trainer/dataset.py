@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from core.dataset_format import DEFAULT_MAX_PROBLEMS, DEFAULT_MIN_EXAMPLES, DatasetProblem, DatasetValidator
 from trainer.errors import InvalidTrainingData
-from trainer.tokenize import TokenizedExample, tokenize_example
+from trainer.tokenize import TokenizedExample, TokenizedPair, tokenize_example
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class PreparedDataset:
-    """Tokenized examples in file order, with the line each came from."""
+    """Tokenized examples (preference pairs for a ``preference`` file) in file order, with the line each came
+    from."""
 
     format: str
-    examples: list[TokenizedExample]
+    examples: list[TokenizedExample] | list[TokenizedPair]
     lines: list[int]
 
     @property
@@ -42,7 +43,7 @@ def prepare_dataset(
 ) -> PreparedDataset:
     """Validate and tokenize ``path``; raises ``InvalidTrainingData`` listing every problem by line."""
     validator = DatasetValidator(min_examples=min_examples, max_problems=max_problems)
-    examples: list[TokenizedExample] = []
+    examples: list[TokenizedExample | TokenizedPair] = []
     lines: list[int] = []
     length_problems: list[DatasetProblem] = []
     with open(path, "rb") as f:
@@ -55,11 +56,12 @@ def prepare_dataset(
             except ValueError as exc:
                 length_problems.append(DatasetProblem(line, str(exc)))
                 continue
-            if tokenized.num_tokens > max_seq_len:
+            length = tokenized.longest if isinstance(tokenized, TokenizedPair) else tokenized.num_tokens
+            if length > max_seq_len:
                 length_problems.append(
                     DatasetProblem(
                         line,
-                        f"example is {tokenized.num_tokens} tokens, longer than max_seq_len {max_seq_len}; "
+                        f"example is {length} tokens, longer than max_seq_len {max_seq_len}; "
                         "shorten it or raise max_seq_len",
                     )
                 )
@@ -75,4 +77,4 @@ def prepare_dataset(
     if not report.ok:
         raise InvalidTrainingData(report, param=param)
     assert report.format is not None  # a report with examples and no problems has a format
-    return PreparedDataset(report.format, examples, lines)
+    return PreparedDataset(report.format, examples, lines)  # type: ignore[arg-type]  # one kind per format

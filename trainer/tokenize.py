@@ -4,7 +4,8 @@ Chat: the model's own chat template renders the conversation, with the example's
 only assistant turns (tool calls included, and the end-of-turn token after each, so generation stops
 there) carry labels. Prompt/completion: the prompt is tokenized
 exactly as an inference request would be, the completion follows with EOS appended, and only the
-completion carries labels.
+completion carries labels. Preference pairs (DPO): the input conversation followed by each output, rendered
+exactly as a chat example would be; the prompt is what the two renderings share before the assistant answers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.dataset_format import CHAT, PROMPT_COMPLETION
+from core.dataset_format import CHAT, PREFERENCE, PROMPT_COMPLETION
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,6 +35,26 @@ class TokenizedExample:
     @property
     def num_loss_tokens(self) -> int:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A preference pair as DPO reads it: one prompt, and the preferred (chosen) and other (rejected) answers,
+    each ending with the end-of-turn token the model must learn to stop on."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens one pass reads: the prompt once with each answer."""
+        return 2 * len(self.prompt_ids) + len(self.chosen_ids) + len(self.rejected_ids)
+
+    @property
+    def longest(self) -> int:
+        """The longer of the two sequences, which ``max_seq_len`` bounds."""
+        return len(self.prompt_ids) + max(len(self.chosen_ids), len(self.rejected_ids))
 
 
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -134,8 +155,31 @@ def tokenize_prompt_completion(tokenizer: PreTrainedTokenizerBase, prompt: str, 
     return TokenizedExample(prompt_ids + completion_ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids)
 
 
-def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: dict[str, Any], fmt: str) -> TokenizedExample:
-    """Tokenize one validated example of format ``fmt`` (``CHAT`` or ``PROMPT_COMPLETION``)."""
+def _answer(tokenized: TokenizedExample) -> tuple[int, list[int]]:
+    """Where the one supervised (assistant) span starts, and its tokens."""
+    supervised = [i for i, label in enumerate(tokenized.labels) if label != IGNORE_INDEX]
+    return supervised[0], tokenized.input_ids[supervised[0] : supervised[-1] + 1]
+
+
+def tokenize_preference(tokenizer: PreTrainedTokenizerBase, example: dict[str, Any]) -> TokenizedPair:
+    """The input conversation with each output, through :func:`tokenize_chat`, so a pair is tokenized exactly
+    as the same conversation would be for supervised training (and as chat completions render its prompt)."""
+    messages, tools = example["input"]["messages"], example["input"].get("tools")
+    chosen = tokenize_chat(tokenizer, [*messages, example["preferred_output"][0]], tools)
+    rejected = tokenize_chat(tokenizer, [*messages, example["non_preferred_output"][0]], tools)
+    chosen_start, chosen_ids = _answer(chosen)
+    rejected_start, rejected_ids = _answer(rejected)
+    if chosen.input_ids[:chosen_start] != rejected.input_ids[:rejected_start]:
+        raise ValueError("the chat template renders the input differently before each output")
+    return TokenizedPair(chosen.input_ids[:chosen_start], chosen_ids, rejected_ids)
+
+
+def tokenize_example(
+    tokenizer: PreTrainedTokenizerBase, example: dict[str, Any], fmt: str
+) -> TokenizedExample | TokenizedPair:
+    """Tokenize one validated example of format ``fmt`` (``CHAT``, ``PROMPT_COMPLETION`` or ``PREFERENCE``)."""
+    if fmt == PREFERENCE:
+        return tokenize_preference(tokenizer, example)
     if fmt == CHAT:
         return tokenize_chat(tokenizer, example["messages"], example.get("tools"))
     if fmt == PROMPT_COMPLETION:

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.dataset_format import DEFAULT_MIN_EXAMPLES
-from core.hyperparameters import ResolvedHyperparameters
+from core.dataset_format import DEFAULT_MIN_EXAMPLES, DatasetProblem, DatasetReport, method_format_problem
+from core.hyperparameters import DEFAULT_BETA, DPO, SUPERVISED, ResolvedHyperparameters
 from core.projections import adapter_modules
 from trainer.callbacks import ProgressBridge
 from trainer.checkpoints import CheckpointBridge, CheckpointFn
 from trainer.dataset import PreparedDataset, prepare_dataset
-from trainer.errors import TrainingCancelled
+from trainer.errors import InvalidTrainingData, TrainingCancelled
 from trainer.manifest import BaseModelFingerprint, fingerprint_base_model, write_manifest
 from trainer.metrics import step_metrics_csv
 from trainer.progress import CancelFn, ProgressFn
@@ -60,6 +60,8 @@ class TrainingRequest:
     num_threads: int | None = None  # CPU threads for torch (its share of a shared machine); None: torch's default
     resume_from: Path | None = None  # a checkpoint in the Trainer's layout (trainer.checkpoints.resume_layout)
     checkpoint_interval_s: float = 0.0  # epochs before the last few save at most this often (0: every epoch)
+    method: str = SUPERVISED  # or DPO, on a file of preference pairs (trainer.preference)
+    parent_adapter_dir: Path | None = None  # a fine-tuned model to continue: training starts from its adapter
 
 
 @dataclass(frozen=True)
@@ -84,24 +86,37 @@ def load_tokenizer(model_dir: str | Path):  # type: ignore[no-untyped-def]
     return tokenizer
 
 
+def check_method_format(method: str, data_format: str, param: str = "training_file") -> None:
+    """``InvalidTrainingData`` saying what to change when the file's format does not train with ``method``."""
+    problem = method_format_problem(method, data_format)
+    if problem is not None:
+        raise InvalidTrainingData(DatasetReport(data_format, problems=[DatasetProblem(0, problem)]), param=param)
+
+
 def prepare_data(request: TrainingRequest, tokenizer) -> tuple[PreparedDataset, PreparedDataset | None]:  # type: ignore[no-untyped-def]
     """Validate and tokenize the training (and validation) file; raises ``InvalidTrainingData``."""
     max_len = request.hyperparameters.max_seq_len
     train = prepare_dataset(request.training_file, tokenizer, max_seq_len=max_len, min_examples=request.min_examples)
+    check_method_format(request.method, train.format)
     valid = None
     if request.validation_file is not None:
-        valid = prepare_dataset(
-            request.validation_file, tokenizer, max_seq_len=max_len, min_examples=1, param="validation_file"
-        )
+        param = "validation_file"
+        valid = prepare_dataset(request.validation_file, tokenizer, max_seq_len=max_len, min_examples=1, param=param)
+        check_method_format(request.method, valid.format, param)
     return train, valid
 
 
 def _lora_model(request: TrainingRequest, dtype):  # type: ignore[no-untyped-def]
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     hp = request.hyperparameters
     model = AutoModelForCausalLM.from_pretrained(str(request.base_model_dir), dtype=dtype, use_safetensors=True)
+    if request.parent_adapter_dir is not None:
+        # Its rank, alpha and targets are the job's (the API resolved them from it); dropout is this job's.
+        model = PeftModel.from_pretrained(model, str(request.parent_adapter_dir), is_trainable=True)
+        model.peft_config["default"].lora_dropout = hp.lora_dropout
+        return model
     alpha = int(hp.lora_alpha) if float(hp.lora_alpha).is_integer() else hp.lora_alpha
     config = LoraConfig(
         r=hp.lora_r,
@@ -123,6 +138,40 @@ def _as_rows(data: PreparedDataset) -> list[dict[str, list[int]]]:
     return [{"input_ids": e.input_ids, "attention_mask": [1] * e.num_tokens, "labels": e.labels} for e in data.examples]
 
 
+def _trainer(  # type: ignore[no-untyped-def]
+    request: TrainingRequest,
+    model,
+    tokenizer,
+    arguments: dict[str, Any],
+    train_data: PreparedDataset,
+    valid_data: PreparedDataset | None,
+    callbacks: list[Any],
+):
+    """The Trainer for the job's method: supervised (``AccuracyTrainer``) or DPO (``trainer.preference``)."""
+    from transformers import DataCollatorForSeq2Seq, PrinterCallback, TrainingArguments
+
+    from trainer.accuracy import AccuracyTrainer
+    from trainer.preference import preference_trainer
+
+    if request.method == DPO:
+        beta = request.hyperparameters.beta or DEFAULT_BETA
+        valid = valid_data.examples if valid_data is not None else None
+        trainer = preference_trainer(
+            model, tokenizer, arguments, beta=beta, train=train_data.examples, valid=valid, callbacks=callbacks
+        )
+    else:
+        trainer = AccuracyTrainer(
+            model=model,
+            args=TrainingArguments(**arguments),
+            train_dataset=_as_rows(train_data),
+            eval_dataset=_as_rows(valid_data) if valid_data is not None else None,
+            data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
+            callbacks=callbacks,
+        )
+    trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
+    return trainer
+
+
 def train_adapter(
     request: TrainingRequest,
     *,
@@ -134,9 +183,7 @@ def train_adapter(
     ``manifest.json`` into ``request.output_dir``; with ``on_checkpoint``, also hand it a checkpoint at epoch
     ends (see ``trainer.checkpoints``). Raises ``InvalidTrainingData`` or ``TrainingCancelled``."""
     import torch
-    from transformers import DataCollatorForSeq2Seq, PrinterCallback, TrainingArguments, set_seed
-
-    from trainer.accuracy import AccuracyTrainer
+    from transformers import set_seed
 
     started = time.monotonic()
     hp = request.hyperparameters
@@ -165,7 +212,7 @@ def train_adapter(
     per_pass, passes = micro_batches(hp.batch_size)
     try:
         with tempfile.TemporaryDirectory(prefix="loraplex-train-") as scratch:
-            args = TrainingArguments(
+            arguments = dict(
                 output_dir=scratch,
                 num_train_epochs=hp.n_epochs,
                 per_device_train_batch_size=per_pass,
@@ -189,15 +236,7 @@ def train_adapter(
                 include_num_input_tokens_seen="non_padding",
                 disable_tqdm=True,
             )
-            trainer = AccuracyTrainer(
-                model=model,
-                args=args,
-                train_dataset=_as_rows(train_data),
-                eval_dataset=_as_rows(valid_data) if valid_data is not None else None,
-                data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
-                callbacks=callbacks,
-            )
-            trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
+            trainer = _trainer(request, model, tokenizer, arguments, train_data, valid_data, callbacks)
             resume = str(request.resume_from) if request.resume_from is not None else None
             trainer.train(resume_from_checkpoint=resume)
             state = trainer.state
@@ -249,7 +288,10 @@ def _write_adapter(
     config.target_modules = sorted(config.target_modules)
     try:
         # We never target embeddings; saying so also stops PEFT looking the base name up on a model hub.
-        model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+        # Only the trained adapter: DPO keeps a frozen reference copy beside it (trainer.preference).
+        model.save_pretrained(
+            str(out), safe_serialization=True, save_embedding_layers=False, selected_adapters=["default"]
+        )
     finally:
         config.base_model_name_or_path = local_path
     (out / PEFT_MODEL_CARD).unlink(missing_ok=True)

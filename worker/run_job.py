@@ -26,6 +26,7 @@ from worker.checkpoints import fetch_checkpoint, save_checkpoint
 from worker.failures import classify_failure
 from worker.lease_keeper import LeaseKeeper
 from worker.lifecycle import Lease, claim_job, current_worker_id, finish_ended, finish_succeeded, retry_or_fail
+from worker.parent_adapter import fetch_parent_adapter
 from worker.progress_events import ProgressRecorder
 from worker.results import find_results, remove_results, upload_results
 from worker.runtime import WorkerRuntime
@@ -131,6 +132,7 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
     validation = None
     if job.validation_file:
         validation = _download(rt, job, job.validation_file, scratch / "validation.jsonl", "validation_file")
+    parent = fetch_parent_adapter(rt.engine, rt.store, job, scratch / "parent")
     resume_from = None
     stored = fetch_checkpoint(rt.engine, rt.store, job.id, scratch / "checkpoint")
     if stored is not None:
@@ -150,6 +152,8 @@ def _train(rt: WorkerRuntime, job: FineTuneJob, keeper: LeaseKeeper, scratch: Pa
         num_threads=rt.options.train_threads,
         resume_from=resume_from,
         checkpoint_interval_s=rt.options.checkpoint_interval_seconds,
+        method=job.method,
+        parent_adapter_dir=parent,
     )
 
     def on_checkpoint(checkpoint: Checkpoint) -> None:

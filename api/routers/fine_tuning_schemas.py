@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.naming import SUFFIX_MAX, check_suffix
 from api.pagination import ListPage
-from core.hyperparameters import Hyperparameters, ResolvedHyperparameters
+from core.hyperparameters import DPO, SUPERVISED, Hyperparameters, ResolvedHyperparameters
 from core.models import Adapter, FineTuneJob, FineTuningCheckpoint, JobEvent
 
 MAX_SEED = 2**31 - 1
@@ -25,13 +25,32 @@ class SupervisedSettings(BaseModel):
     hyperparameters: Hyperparameters | None = None
 
 
+class DpoSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hyperparameters: Hyperparameters | None = Field(
+        default=None, description="As for supervised, plus beta (> 0, <= 2; auto: 0.1)."
+    )
+
+
 class MethodIn(BaseModel):
-    """OpenAI's newer way to pass hyperparameters; only supervised fine-tuning exists here."""
+    """OpenAI's ``method``: supervised fine-tuning, or DPO on preference pairs, each with its hyperparameters."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["supervised"]
+    type: Literal["supervised", "dpo"]
     supervised: SupervisedSettings | None = None
+    dpo: DpoSettings | None = None
+
+    @model_validator(mode="after")
+    def _settings_match_type(self) -> MethodIn:
+        other = "dpo" if self.type == SUPERVISED else "supervised"
+        if getattr(self, other) is not None:
+            raise ValueError(f"method.{other} was given but method.type is {self.type!r}; give method.{self.type}")
+        return self
+
+    def settings(self) -> SupervisedSettings | DpoSettings | None:
+        return self.dpo if self.type == DPO else self.supervised
 
 
 class JobCreate(BaseModel):
@@ -39,7 +58,11 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1, max_length=255, description="The base model to fine-tune (see /v1/models).")
+    model: str = Field(
+        min_length=1,
+        max_length=512,
+        description="The base model to fine-tune, or one of your fine-tuned models to continue (see /v1/models).",
+    )
     training_file: str = Field(min_length=1, max_length=64, description="Id of an uploaded fine-tune file.")
     validation_file: str | None = Field(default=None, min_length=1, max_length=64)
     hyperparameters: Hyperparameters | None = None
@@ -62,11 +85,16 @@ class JobCreate(BaseModel):
     def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         return check_metadata(value)
 
+    @property
+    def method_type(self) -> str:
+        """``supervised`` unless ``method`` says ``dpo``."""
+        return self.method.type if self.method is not None else SUPERVISED
+
     def requested_hyperparameters(self) -> tuple[Hyperparameters, str]:
         """The hyperparameters as sent, from the top level or from ``method``, and the field they came from."""
-        from_method = self.method.supervised.hyperparameters if self.method and self.method.supervised else None
-        if from_method is not None:
-            return from_method, "method.supervised.hyperparameters"
+        settings = self.method.settings() if self.method is not None else None
+        if settings is not None and settings.hyperparameters is not None:
+            return settings.hyperparameters, f"method.{self.method_type}.hyperparameters"
         return self.hyperparameters or Hyperparameters(), "hyperparameters"
 
 
@@ -93,13 +121,19 @@ class JobError(BaseModel):
     param: str | None = None
 
 
-class SupervisedMethod(BaseModel):
+class MethodSettings(BaseModel):
     hyperparameters: ResolvedHyperparameters
 
 
 class JobMethod(BaseModel):
-    type: Literal["supervised"] = "supervised"
-    supervised: SupervisedMethod
+    type: Literal["supervised", "dpo"] = "supervised"
+    supervised: MethodSettings | None = None
+    dpo: MethodSettings | None = None
+
+    @classmethod
+    def of(cls, method: str, hyperparameters: ResolvedHyperparameters) -> JobMethod:
+        settings = MethodSettings(hyperparameters=hyperparameters)
+        return cls(type="dpo", dpo=settings) if method == DPO else cls(type="supervised", supervised=settings)
 
 
 class FineTuningJobObject(BaseModel):
@@ -112,7 +146,7 @@ class FineTuningJobObject(BaseModel):
     fine_tuned_model: str | None = Field(description="ft:{base}:{tenant}:{suffix}:{job id}, once succeeded.")
     finished_at: int | None
     hyperparameters: ResolvedHyperparameters
-    model: str
+    model: str = Field(description="The base model, or the fine-tuned model the job continues.")
     organization_id: str = Field(description="The tenant id.")
     result_files: list[str] = Field(
         default_factory=list, description="Once succeeded: its step metrics (step_metrics.csv) in /v1/files."
@@ -142,14 +176,14 @@ class FineTuningJobObject(BaseModel):
             fine_tuned_model=job.fine_tuned_model,
             finished_at=job.finished_at,
             hyperparameters=hyperparameters,
-            model=job.base_model,
+            model=job.parent_model or job.base_model,
             organization_id=job.tenant_id,
             seed=job.seed,
             status=job.status,  # type: ignore[arg-type]  # the column holds a JobStatus value
             trained_tokens=job.trained_tokens,
             training_file=job.training_file,
             validation_file=job.validation_file,
-            method=JobMethod(supervised=SupervisedMethod(hyperparameters=hyperparameters)),
+            method=JobMethod.of(job.method, hyperparameters),
             suffix=job.suffix,
             adapter_id=job.adapter_id,
             result_files=list(job.result_files),

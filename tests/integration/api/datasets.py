@@ -46,3 +46,19 @@ def tool_chat_jsonl(examples: int = 12) -> bytes:
         ]
         lines.append(json.dumps({"tools": [tool], "parallel_tool_calls": False, "messages": messages}))
     return ("\n".join(lines) + "\n").encode()
+
+
+def preference_jsonl(pairs: int = 12) -> bytes:
+    """A valid preference file for DPO (OpenAI's format): the spelled-out answer preferred over the digits."""
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    lines = [
+        json.dumps(
+            {
+                "input": {"messages": [{"role": "user", "content": f"What is {i % 5} plus {i % 5}?"}]},
+                "preferred_output": [{"role": "assistant", "content": words[2 * (i % 5)]}],
+                "non_preferred_output": [{"role": "assistant", "content": str(2 * (i % 5))}],
+            }
+        )
+        for i in range(pairs)
+    ]
+    return ("\n".join(lines) + "\n").encode()

@@ -1,5 +1,5 @@
 """The whole path through the openai SDK: upload, fine-tune on a real Celery worker (real Redis, real S3),
-follow the job to ``succeeded``, and find the adapter among the models."""
+follow the job to ``succeeded``, and find the adapter among the models; then DPO on top of it."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from openai.types.fine_tuning import FineTuningJob
 
 from api.app import create_app
 from core.local_services import EmbeddedRedis, ManagedProcess
 from core.settings import Settings
 from tests.integration.api.conftest import TenantHandle, api_settings_for
-from tests.integration.api.datasets import chat_jsonl
+from tests.integration.api.datasets import chat_jsonl, preference_jsonl
 from tests.integration.api.live_server import LiveServer, serve
 from tests.integration.conftest import launch_worker
 from tests.services import S3Service
@@ -160,3 +160,67 @@ def test_cancelling_a_running_job_answers_cancelled_once_its_step_ends(deploymen
     assert cancelled.status == "cancelled"  # not "running": the answer waited for the step to end
     assert cancelled.finished_at is not None and cancelled.fine_tuned_model is None
     assert client.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+
+
+def test_dpo_continues_a_fine_tuned_model_from_preference_pairs(deployment: Deployment) -> None:
+    base = deployment.settings.model_name or ""
+    tenant = new_tenant(deployment, "e2e-prefers")
+    client = tenant.openai()
+    chats = client.files.create(file=("train.jsonl", chat_jsonl(12)), purpose="fine-tune")
+    pairs = client.files.create(file=("pairs.jsonl", preference_jsonl(12)), purpose="fine-tune")
+    assert (pairs.model_extra or {})["format"] == "preference"
+    sft = client.fine_tuning.jobs.create(
+        model=base, training_file=chats.id, hyperparameters={"n_epochs": 1, "batch_size": 4, "lora_r": 4}, suffix="sft"
+    )
+    parent = follow(client, sft.id, deployment.worker)
+    assert parent.status == "succeeded", parent.error
+    assert parent.fine_tuned_model is not None
+    dpo = {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 2, "batch_size": 4}}}
+
+    # What cannot work is refused before anything is queued, naming the field to fix.
+    someone_else = new_tenant(deployment, "e2e-other").openai()
+    theirs = someone_else.files.create(file=("pairs.jsonl", preference_jsonl(12)), purpose="fine-tune")
+    refused = [
+        (dict(model=base, training_file=chats.id, method=dpo), "training_file", "preference pairs"),
+        (dict(model=base, training_file=pairs.id), "training_file", "method 'dpo'"),
+        (dict(model=base, training_file=pairs.id, hyperparameters={"beta": 0.2}), "hyperparameters.beta", "dpo"),
+        (
+            dict(
+                model=parent.fine_tuned_model,
+                training_file=pairs.id,
+                method={**dpo, "dpo": {"hyperparameters": {"lora_r": 8}}},
+            ),
+            "method.dpo.hyperparameters.lora_r",
+            "leave lora_r out",
+        ),
+    ]
+    for fields, param, says in refused:
+        with pytest.raises(BadRequestError) as caught:
+            client.fine_tuning.jobs.create(**fields)  # type: ignore[call-overload]
+        error = caught.value.body
+        assert isinstance(error, dict) and error["param"] == param and says in error["message"], error
+    with pytest.raises(BadRequestError) as caught:  # another tenant's model reads like one that does not exist
+        someone_else.fine_tuning.jobs.create(model=parent.fine_tuned_model, training_file=theirs.id, method=dpo)
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "model_not_available"
+
+    job = client.fine_tuning.jobs.create(
+        model=parent.fine_tuned_model, training_file=pairs.id, method=dpo, suffix="dpo"
+    )
+    assert (job.model, job.method.type) == (parent.fine_tuned_model, "dpo")
+    assert job.method.dpo is not None and job.method.dpo.hyperparameters.beta == 0.2
+    assert (job.hyperparameters.model_extra or {})["lora_r"] == 4  # the parent's adapter, continued
+
+    final = follow(client, job.id, deployment.worker)
+
+    assert final.status == "succeeded", final.error
+    assert final.fine_tuned_model == f"ft:{base}:e2e-prefers:dpo:{job.id}"
+    [results] = final.result_files
+    rows = list(csv.DictReader(io.StringIO(client.files.content(results).text)))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["train_reward_margin"] and 0 <= float(r["train_reward_accuracy"]) <= 1 for r in rows)
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id)] == [6, 3]
+    models = {m.id: m for m in client.models.list()}
+    assert (models[final.fine_tuned_model].model_extra or {})["parent"] == base  # one adapter on the base
+    with tenant.http() as http:
+        adapters = {a["model"]: a for a in http.get("/v1/adapters").json()["data"]}
+    assert adapters[final.fine_tuned_model]["rank"] == 4

@@ -189,6 +189,34 @@ def test_a_job_that_keeps_killing_its_workers_ends_failed_not_in_a_loop(platform
     assert adapter_objects(platform, job.tenant_id) == []
 
 
+def test_a_job_whose_parent_model_was_deleted_fails_saying_so_and_is_not_retried(
+    platform: Platform, runtime: WorkerRuntime
+) -> None:
+    job = submit_job(platform, "acme", jsonl(memorable_rows(0)), enqueue=False)
+    parent = Adapter(
+        id="adapter-parent",
+        tenant_id=job.tenant_id,
+        name="ft:tiny:acme:first:ftjob-parent",
+        base_model=job.base_model,
+        storage_prefix=adapter_prefix(job.tenant_id, "adapter-parent"),
+        sha256="0" * 64,
+        config_sha256="0" * 64,
+        rank=8,
+        alpha=16.0,
+        deleted_at=1,  # the tenant deleted it after the job was accepted
+    )
+    with platform.session() as session:
+        session.add(parent)
+    set_job(platform, job.id, parent_model=parent.name, parent_adapter_id=parent.id)
+
+    assert run_train_job(runtime, job.id) == "failed"
+
+    job = platform.job(job.id)
+    assert (job.status, job.error_code, job.error_param) == (JobStatus.FAILED, "model_not_found", "model")
+    assert f"{parent.name!r} this job continues was deleted" in (job.error_message or "")
+    assert job.attempts == 1 and adapter_objects(platform, job.tenant_id) == []
+
+
 def dead_worker_id() -> str:
     """``host:pid`` of a process on this host that has exited."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -1,4 +1,5 @@
-"""Job requests checked before anything is stored: model, suffix, hyperparameters (the field is named)."""
+"""Job requests checked before anything is stored: model (the base, or a fine-tuned model of the tenant's to
+continue), method, suffix, hyperparameters (the field is named)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.job_submission import check_base_model, resolve_hyperparameters
+from api.job_submission import resolve_hyperparameters, resolve_model
 from api.routers.fine_tuning_schemas import JobCreate
+from core import db
+from core.accounts import create_tenant
 from core.errors import InvalidRequest
+from core.models import Adapter
 from core.settings import load_settings
 
 SETTINGS = load_settings(data_dir=Path("/nonexistent"), max_lora_rank=32)
@@ -65,9 +69,79 @@ def test_unsafe_suffixes_are_refused(suffix: str) -> None:
         request(suffix=suffix)
 
 
-def test_only_the_base_model_can_be_fine_tuned() -> None:
-    check_base_model("base", "base")
-    for other in ("gpt-4o-mini", "ft:base:acme::ftjob-1"):
-        with pytest.raises(InvalidRequest) as caught:
-            check_base_model(other, "base")
-        assert caught.value.param == "model" and "'base'" in caught.value.message
+def parent_adapter(tenant_id: str = "tenant-1", **fields: object) -> Adapter:
+    values = {
+        "id": "adapter-1",
+        "tenant_id": tenant_id,
+        "name": "ft:base:acme:first:ftjob-1",
+        "base_model": "base",
+        "storage_prefix": "tenants/tenant-1/adapters/adapter-1/",
+        "sha256": "0" * 64,
+        "config_sha256": "0" * 64,
+        "rank": 16,
+        "alpha": 8.0,
+        "target_modules": ["q_proj", "v_proj"],
+        **fields,
+    }
+    return Adapter(**values)
+
+
+def test_the_base_model_or_a_fine_tuned_model_of_ones_own_can_be_fine_tuned(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loraplex.db'}"
+    db.upgrade(url)
+    with db.session_scope(db.make_engine(url)) as session:
+        acme, _ = create_tenant(session, "acme")
+        other, _ = create_tenant(session, "other")
+        session.add(parent_adapter(acme.id))
+        session.add(parent_adapter(other.id, id="adapter-2", name="ft:base:other:theirs:ftjob-2"))
+        session.add(parent_adapter(acme.id, id="adapter-3", name="ft:old:acme:x:ftjob-3", base_model="old"))
+        session.flush()
+
+        assert resolve_model(session, acme, "base", "base") is None
+        assert resolve_model(session, acme, "ft:base:acme:first:ftjob-1", "base").id == "adapter-1"  # type: ignore[union-attr]
+        # Someone else's model, one on another base, and made-up names read alike.
+        messages = set()
+        for name in ("gpt-4o-mini", "ft:base:other:theirs:ftjob-2", "ft:old:acme:x:ftjob-3", "ft:base:acme::nope"):
+            with pytest.raises(InvalidRequest) as caught:
+                resolve_model(session, acme, name, "base")
+            assert caught.value.param == "model" and caught.value.code == "model_not_available"
+            assert "'base'" in caught.value.message
+            messages.add(caught.value.message.replace(repr(name), "NAME"))
+        assert len(messages) == 2  # one for a name that is no fine-tuned model, one for every ft: name alike
+
+
+def test_a_continued_model_keeps_its_adapter_shape_and_refuses_another() -> None:
+    parent = parent_adapter()
+    resolved = resolve_hyperparameters(request(hyperparameters={"n_epochs": 1}), SETTINGS, None, parent=parent)
+    assert (resolved.lora_r, resolved.lora_alpha, resolved.target_modules) == (16, 8.0, ["q_proj", "v_proj"])
+    assert resolve_hyperparameters(request(hyperparameters={"lora_r": 16}), SETTINGS, None, parent=parent).lora_r == 16
+
+    with pytest.raises(InvalidRequest) as caught:
+        resolve_hyperparameters(request(hyperparameters={"lora_r": 8}), SETTINGS, None, parent=parent)
+    assert caught.value.param == "hyperparameters.lora_r" and "16" in caught.value.message
+
+
+def test_dpo_takes_beta_and_supervised_refuses_it() -> None:
+    dpo = request(method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.5, "n_epochs": 2}}})
+    assert resolve_hyperparameters(dpo, SETTINGS, None).beta == 0.5
+    assert resolve_hyperparameters(request(method={"type": "dpo"}), SETTINGS, None).beta == 0.1  # auto
+    assert resolve_hyperparameters(request(), SETTINGS, None).beta is None
+
+    with pytest.raises(InvalidRequest) as caught:
+        resolve_hyperparameters(request(hyperparameters={"beta": 0.5}), SETTINGS, None)
+    assert caught.value.param == "hyperparameters.beta" and "dpo" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}},
+        {"type": "dpo", "dpo": {"hyperparameters": {"beta": 2.5}}},
+        {"type": "supervised", "dpo": {"hyperparameters": {"beta": 0.1}}},
+        {"type": "dpo", "supervised": {}},
+        {"type": "reinforcement"},
+    ],
+)
+def test_a_method_that_does_not_add_up_is_refused(method: dict) -> None:
+    with pytest.raises(ValidationError):
+        request(method=method)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from core.dataset_format import CHAT, PROMPT_COMPLETION, validate_lines
+from core.dataset_format import CHAT, PREFERENCE, PROMPT_COMPLETION, method_format_problem, validate_lines
 
 
 def _chat(user: str, answer: str) -> str:
@@ -176,3 +176,56 @@ def test_legacy_function_calling_is_refused_with_the_way_forward() -> None:
     assert "declare them in 'tools'" in problems and "use 'tool_calls' instead" in problems
     tool_without_call = {"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}
     assert "tool_call_id must be the id of an earlier assistant tool call" in " ".join(_problems(tool_without_call))
+
+
+def _pair(user: str, preferred: object, other: object, **extra: object) -> str:
+    return json.dumps(
+        {
+            "input": {"messages": [{"role": "user", "content": user}]},
+            "preferred_output": preferred,
+            "non_preferred_output": other,
+            **extra,
+        }
+    )
+
+
+def _say(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def test_preference_pairs_in_openai_dpo_format_are_their_own_format() -> None:
+    report = validate_lines([_pair(f"q{i}", _say(f"good {i}"), _say(f"bad {i}")) for i in range(10)])
+    assert report.ok and report.format == PREFERENCE and report.num_examples == 10
+
+
+def test_every_problem_of_a_preference_pair_has_its_line_number() -> None:
+    lines = [_pair("q", _say("good"), _say("bad"))] * 12
+    lines[1] = _pair("q", _say("same"), _say("same"))
+    lines[2] = _pair("q", _say("good"), [{"role": "user", "content": "bad"}])
+    lines[3] = _pair("q", _say("good"), [*_say("bad"), *_say("worse")])
+    lines[4] = json.dumps(
+        {"input": {"messages": _say("hi")}, "preferred_output": _say("a"), "non_preferred_output": _say("b")}
+    )
+    lines[5] = json.dumps({"input": "q", "preferred_output": _say("a"), "non_preferred_output": _say("b")})
+    lines[6] = _pair("q", _say(""), _say("bad"))
+    lines[7] = _pair("q", _say("good"), _say("bad"), extra=1)
+    lines[8] = _chat("q", "a")
+    report = validate_lines(lines)
+    found = {p.line: p.message for p in report.problems}
+    assert set(found) == {2, 3, 4, 5, 6, 7, 8, 9}
+    assert "must differ" in found[2]
+    assert "non_preferred_output[0].role must be 'assistant'" in found[3]
+    assert "exactly one assistant message" in found[4]
+    assert "last input message must not be from the assistant" in found[5]
+    assert "'input' must be an object" in found[6]
+    assert "preferred_output[0].content must be a non-empty string" in found[7]
+    assert "unsupported keys ['extra']" in found[8]
+    assert "mixes formats" in found[9]
+
+
+def test_each_method_names_the_formats_it_trains_on() -> None:
+    assert method_format_problem("dpo", PREFERENCE) is None
+    assert method_format_problem("supervised", CHAT) is None
+    assert method_format_problem("supervised", PROMPT_COMPLETION) is None
+    assert "method 'supervised'" in (method_format_problem("dpo", CHAT) or "")
+    assert "method 'dpo'" in (method_format_problem("supervised", PREFERENCE) or "")

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from core.tiny_model import CHAT_TEMPLATE
-from trainer.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_chat, tokenize_prompt_completion
+from trainer.tokenize import (
+    IGNORE_INDEX,
+    TokenizedExample,
+    tokenize_chat,
+    tokenize_preference,
+    tokenize_prompt_completion,
+)
 
 
 def learned_text(tokenizer, example: TokenizedExample) -> str:  # type: ignore[no-untyped-def]
@@ -102,3 +108,22 @@ def test_tool_turns_are_found_by_prefix_without_generation_markers(tokenizer) ->
         tokenizer.chat_template = CHAT_TEMPLATE
 
     assert learned_text(tokenizer, example) == LEARNED_CALL + "\n18C.</s>\n"
+
+
+def test_a_preference_pair_shares_the_prompt_a_chat_request_renders_and_ends_each_answer_with_eos(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    question = CONVERSATION[:2]
+    pair = tokenize_preference(
+        tokenizer,
+        {
+            "input": {"messages": question},
+            "preferred_output": [{"role": "assistant", "content": "Blue"}],
+            "non_preferred_output": [{"role": "assistant", "content": "Green, or grey"}],
+        },
+    )
+
+    rendered = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert pair.prompt_ids == list(rendered["input_ids"])  # as chat completions render the question
+    assert tokenizer.decode(pair.chosen_ids) == "Blue</s>"
+    assert tokenizer.decode(pair.rejected_ids) == "Green, or grey</s>"
+    supervised = tokenize_chat(tokenizer, [*question, {"role": "assistant", "content": "Blue"}])
+    assert pair.prompt_ids + pair.chosen_ids == supervised.input_ids[: len(pair.prompt_ids) + len(pair.chosen_ids)]
