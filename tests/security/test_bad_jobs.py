@@ -26,7 +26,7 @@ BAD_JOBS: dict[str, tuple[dict[str, Any], Refusal]] = {
     "negative-lr": ({HP: {"learning_rate": -0.1}}, Refusal(400, "learning_rate must be > 0", f"{HP}.learning_rate")),
     "million-epochs": ({HP: {"n_epochs": 10**6}}, Refusal(400, "n_epochs must be between 1 and 100", f"{HP}.n_epochs")),
     "unknown-base-model": ({"model": "gpt-4o-mini"}, Refusal(400, "cannot be fine-tuned here", "model")),
-    "fine-tuned-base": ({"model": "ft:tiny:someone::ftjob-1"}, Refusal(400, "not supported", "model")),
+    "someone-elses-model": ({"model": "ft:tiny:someone::ftjob-1"}, Refusal(400, "no fine-tuned model", "model")),
     "unknown-field": ({"warmup": 3}, Refusal(400, "unknown field", "warmup")),
 }
 

@@ -90,7 +90,8 @@ def test_hyperparameters_may_come_through_method(
         ({"hyperparameters": {"max_seq_len": 10**6}}, "hyperparameters.max_seq_len"),
         ({"hyperparameters": {"target_modules": ["lm_head"]}}, "hyperparameters.target_modules"),
         ({"hyperparameters": {"warmup": 3}}, "hyperparameters.warmup"),
-        ({"method": {"type": "dpo"}}, "method.type"),
+        ({"method": {"type": "reinforcement"}}, "method.type"),
+        ({"method": {"type": "dpo"}}, "training_file"),  # a chat file: DPO trains on preference pairs
         ({"suffix": "has:colon"}, "suffix"),
         ({"suffix": "x" * 65}, "suffix"),
         ({"seed": -1}, "seed"),
