@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from api.base_model import BaseModelInfo
 from api.context import ApiContext
 from api.multipart import FilePart
 from core.adapter_format import (
@@ -70,28 +71,28 @@ def _delete_quietly(store: ObjectStore, key: str) -> None:
 
 
 def uploaded_adapter_row(
-    ctx: ApiContext,
+    base: BaseModelInfo,
     tenant: Tenant,
     adapter_id: str,
     spec: AdapterSpec,
     stored: dict[str, ObjectInfo],
     suffix: str | None,
 ) -> Adapter:
-    """The row describing an uploaded adapter whose files are stored."""
+    """The row describing an uploaded adapter for ``base`` whose files are stored."""
     widest = max(spec.modules, key=lambda m: m.rank)
     adapted = {m.projection for m in spec.modules}
     return Adapter(
         id=adapter_id,
         tenant_id=tenant.id,
-        name=fine_tuned_model_name(ctx.base_model.name, tenant.name, suffix, adapter_id),
-        base_model=ctx.base_model.name,
+        name=fine_tuned_model_name(base.name, tenant.name, suffix, adapter_id),
+        base_model=base.name,
         source="upload",
         storage_prefix=adapter_prefix(tenant.id, adapter_id),
         sha256=stored[ADAPTER_WEIGHTS_FILE].sha256 or "",
         config_sha256=stored[ADAPTER_CONFIG_FILE].sha256 or "",
         rank=spec.max_rank,
         alpha=widest.alpha,
-        target_modules=[name for name in ctx.base_model.shapes.modules.names if name in adapted],
+        target_modules=[name for name in base.shapes.modules.names if name in adapted],
         size_bytes=sum(info.size for info in stored.values()),
     )
 

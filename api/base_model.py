@@ -1,13 +1,16 @@
-"""What the API needs to know about the configured base model: its public name and its ``config.json``."""
+"""What the API needs to know about each base model it serves (``core.base_catalogue``): its public name and
+its ``config.json``."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.adapter_format import BaseShapes
+from core.base_catalogue import BaseEntry, base_catalogue
 from core.errors import ConfigError
 from core.model_sizes import ModelSizes
 from core.model_source import resolve_model_dir
@@ -16,7 +19,7 @@ from core.settings import Settings
 
 @dataclass(frozen=True)
 class BaseModelInfo:
-    """The one base model this deployment fine-tunes and serves."""
+    """A base model this deployment fine-tunes and serves."""
 
     name: str  # what clients pass as `model`
     path: Path
@@ -31,19 +34,52 @@ class BaseModelInfo:
         return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def load_base_model(settings: Settings) -> BaseModelInfo:
-    """Read the base model's config once; a missing or unreadable one is a configuration error."""
-    if settings.base_model is None or settings.model_name is None:
-        raise ConfigError("LORAPLEX_BASE_MODEL is not set: point it at the base model directory or hub id")
-    path = resolve_model_dir(settings.base_model, setting="LORAPLEX_BASE_MODEL")
+class BaseModels:
+    """The catalogue, loaded: each base by name, the default (``LORAPLEX_BASE_MODEL``) first."""
+
+    def __init__(self, bases: list[BaseModelInfo]) -> None:
+        self._by_name = {base.name: base for base in bases}
+        self.default = bases[0]
+
+    def get(self, name: str) -> BaseModelInfo | None:
+        return self._by_name.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[BaseModelInfo]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    @property
+    def label(self) -> str:
+        """How usage reports name requests made to a base model itself (one row for every base)."""
+        return ", ".join(self._by_name)
+
+
+def load_base_models(settings: Settings) -> BaseModels:
+    """Read every base's config once; a missing or unreadable one is a configuration error."""
+    entries = base_catalogue(settings)
+    settings_of = ["LORAPLEX_BASE_MODEL", *["LORAPLEX_BASE_MODELS"] * (len(entries) - 1)]
+    return BaseModels([_load(entry, setting) for entry, setting in zip(entries, settings_of, strict=True)])
+
+
+def _load(entry: BaseEntry, setting: str) -> BaseModelInfo:
+    path = resolve_model_dir(entry.source, setting=setting)
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text())
         created = int(config_path.stat().st_mtime)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {config_path} (LORAPLEX_BASE_MODEL): {exc}") from exc
+        raise ConfigError(f"cannot read {config_path} ({setting}: {entry.name!r}): {exc}") from exc
     try:
         shapes = ModelSizes.from_hf_config(config).base_shapes()
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"{config_path} (LORAPLEX_BASE_MODEL) is not a Llama-family config: {exc!r}") from exc
-    return BaseModelInfo(name=settings.model_name, path=path, config=config, shapes=shapes, created=created)
+        raise ConfigError(f"{config_path} ({setting}: {entry.name!r}) is not a Llama-family config: {exc!r}") from exc
+    return BaseModelInfo(name=entry.name, path=path, config=config, shapes=shapes, created=created)

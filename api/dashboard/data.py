@@ -95,9 +95,9 @@ def gather_usage(session: Session, base_model: str, days: int = DASHBOARD_DAYS) 
 
 
 async def gather_replicas(ctx: ApiContext, data: DashboardData) -> None:
-    """Fill in the live replicas (or why they cannot be listed)."""
+    """Fill in the live replicas of every base (or why they cannot be listed)."""
     try:
-        replicas = await ctx.router.registry.read()
+        replicas = [replica for router in ctx.routers.values() for replica in await router.registry.read()]
     except ServiceUnavailable as exc:
         data.replica_error = exc.message
         return

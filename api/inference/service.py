@@ -28,8 +28,9 @@ async def serve_inference(
     ctx: ApiContext, tenant: Tenant, request: Request, body: InferenceBody, path: str
 ) -> Response:
     """Answer ``body`` (already validated by its schema) for ``tenant`` through a replica's ``path``."""
-    check_request(body, max_n=ctx.settings.inference_max_n, context_length=ctx.base_model.context_length)
-    adapter = await run_in_threadpool(find_model, ctx, tenant, body.model)
+    target = await run_in_threadpool(find_model, ctx, tenant, body.model)
+    check_request(body, max_n=ctx.settings.inference_max_n, context_length=target.base.context_length)
+    adapter = target.adapter
     await ctx.limits.admit(tenant)
     raw: dict[str, Any] = await request.json()  # the body as sent (schema defaults are not added)
     tag = TenantTag(id=tenant.id, weight=tenant.scheduling_weight or 1.0)
@@ -39,7 +40,8 @@ async def serve_inference(
         tenant=tenant, model=body.model, adapter_id=adapter.id if adapter else None, request_id=request_id
     )
     stream = bool(body.stream)
-    opened = await ctx.upstream.open(path, forwarded, meter.adapter_id, stream=stream, request_id=request_id)
+    router = ctx.routers[target.base.name]
+    opened = await ctx.upstream.open(router, path, forwarded, meter.adapter_id, stream=stream, request_id=request_id)
     meter.replica = opened.replica.id
     if stream and not opened.refused:
         return StreamRelay(opened, meter, wants_usage, finish=lambda m: finish_request(ctx, m))

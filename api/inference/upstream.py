@@ -71,11 +71,8 @@ class ReplicaUnusable(Exception):
 class Upstream:
     """The API's HTTP client to the inference servers."""
 
-    def __init__(
-        self, client: httpx.AsyncClient, router: ReplicaRouter, internal_token: str | None, attempts: int
-    ) -> None:
+    def __init__(self, client: httpx.AsyncClient, internal_token: str | None, attempts: int) -> None:
         self.client = client
-        self.router = router
         self.internal_token = internal_token
         self.attempts = attempts
 
@@ -92,10 +89,18 @@ class Upstream:
         return headers
 
     async def open(
-        self, path: str, body: dict[str, Any], adapter_id: str | None, *, stream: bool, request_id: str
+        self,
+        router: ReplicaRouter,
+        path: str,
+        body: dict[str, Any],
+        adapter_id: str | None,
+        *,
+        stream: bool,
+        request_id: str,
     ) -> Opened:
-        """The first replica's answer that started; ``RateLimited`` when all were busy, else ``ServiceUnavailable``."""
-        candidates = await self.router.candidates(adapter_id)
+        """The first answer that started from ``router``'s replicas (those of the request's base model);
+        ``RateLimited`` when all were busy, else ``ServiceUnavailable``."""
+        candidates = await router.candidates(adapter_id)
         payload = json.dumps(body).encode()
         reasons: list[str] = []
         busy_for: list[float] = []
@@ -103,7 +108,7 @@ class Upstream:
         waits: list[float] = []
         for replica in candidates[: self.attempts]:
             try:
-                return await self._attempt(replica, path, payload, stream=stream, request_id=request_id)
+                return await self._attempt(router, replica, path, payload, stream=stream, request_id=request_id)
             except ReplicaUnusable as exc:
                 reasons.append(f"{replica.id}: {exc}")
                 codes.add(exc.code)
@@ -129,36 +134,36 @@ class Upstream:
         )
 
     async def _attempt(
-        self, replica: ReplicaStatus, path: str, payload: bytes, *, stream: bool, request_id: str
+        self, router: ReplicaRouter, replica: ReplicaStatus, path: str, payload: bytes, *, stream: bool, request_id: str
     ) -> Opened:
         headers = {**self.headers(request_id), "Content-Type": "application/json"}
         request = self.client.build_request("POST", replica.url.rstrip("/") + path, content=payload, headers=headers)
-        self.router.start(replica.id)
+        router.start(replica.id)
         opened: Opened | None = None
         try:
             response = await self.client.send(request, stream=True)
-            opened = Opened(replica, response, response.status_code, _router=self.router)
-            await self._read_head(opened, stream=stream)
+            opened = Opened(replica, response, response.status_code, _router=router)
+            await self._read_head(router, opened, stream=stream)
         except httpx.TransportError as exc:
             if opened is not None:
                 await opened.close()
             else:
-                self.router.finish(replica.id)
-            self.router.unreachable(replica.id)
+                router.finish(replica.id)
+            router.unreachable(replica.id)
             raise ReplicaUnusable(f"{type(exc).__name__}: {exc}") from exc
         except ReplicaUnusable:
             assert opened is not None
             await opened.close()
             raise
-        self.router.answered(replica.id)
+        router.answered(replica.id)
         return opened
 
-    async def _read_head(self, opened: Opened, *, stream: bool) -> None:
+    async def _read_head(self, router: ReplicaRouter, opened: Opened, *, stream: bool) -> None:
         """Read until the answer is committed: a whole non-streaming body, or a stream's first output."""
         response = opened.response
         if response.status_code == 429:
             seconds = _retry_after(response) or DEFAULT_BUSY_S
-            self.router.busy(opened.replica.id, seconds)
+            router.busy(opened.replica.id, seconds)
             raise ReplicaUnusable("busy (429)", busy_for=seconds)
         if response.status_code >= 500:
             text = (await _read_limited(response)).decode(errors="replace")
@@ -167,7 +172,7 @@ class Upstream:
             if seconds is not None and code != STORAGE_UNAVAILABLE:
                 # e.g. 503 while its model loads: says when to come back. An object-store outage is not
                 # the replica's: other requests may still go there.
-                self.router.busy(opened.replica.id, seconds)
+                router.busy(opened.replica.id, seconds)
             raise ReplicaUnusable(f"HTTP {response.status_code}: {text[:200]}", code=code, retry_after=seconds)
         if response.status_code >= 400 or not stream:
             opened.body = await response.aread()

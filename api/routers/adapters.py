@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from contextlib import ExitStack
 from functools import partial
@@ -18,6 +19,7 @@ from api.adapter_lifecycle import (
     store_adapter_files,
     uploaded_adapter_row,
 )
+from api.base_model import BaseModelInfo
 from api.deps import Context, CurrentTenant
 from api.multipart import FORM_OVERHEAD_BYTES, FilePart, StreamingForm, read_form
 from api.naming import check_suffix
@@ -34,7 +36,25 @@ from core.models import Adapter
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 NOUN = "adapter"
-TEXT_FIELDS = frozenset({"suffix"})
+TEXT_FIELDS = frozenset({"suffix", "model"})
+
+
+def _base_of_upload(ctx: Context, fields: dict[str, str], adapter_dir: Path) -> BaseModelInfo:
+    """The base an uploaded adapter is for: the ``model`` field when sent, else the base its
+    ``adapter_config.json`` names when this platform serves one by that name, else the default base."""
+    named = fields.get("model")
+    if named:
+        base = ctx.bases.get(named)
+        if base is None:
+            served = ", ".join(repr(name) for name in ctx.bases.names)
+            raise InvalidRequest(f"{named!r} is not a base model here; choose one of {served}", param="model")
+        return base
+    try:
+        config = json.loads((adapter_dir / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
+        declared = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    except (OSError, ValueError):
+        declared = None  # inspect_adapter says what is wrong with the file
+    return (ctx.bases.get(declared) if isinstance(declared, str) else None) or ctx.base_model
 
 
 def _suffix(fields: dict[str, str]) -> str | None:
@@ -46,7 +66,8 @@ def _suffix(fields: dict[str, str]) -> str | None:
 
 @router.post("", response_model=AdapterObject, openapi_extra=UPLOAD_REQUEST_BODY, summary="Upload a PEFT adapter")
 async def upload_adapter(request: Request, ctx: Context, tenant: CurrentTenant) -> AdapterObject:
-    """Bring your own LoRA (multipart: adapter_config.json, adapter_model.safetensors), checked against the base."""
+    """Bring your own LoRA (multipart: adapter_config.json, adapter_model.safetensors, optional ``suffix`` and
+    ``model``: the base it is for), checked against that base."""
     cap = ctx.settings.max_upload_bytes
     adapter_id = new_id("adapter")
     with tempfile.TemporaryDirectory(prefix="loraplex-adapter-") as tmp, ExitStack() as cleanup:
@@ -68,12 +89,13 @@ async def upload_adapter(request: Request, ctx: Context, tenant: CurrentTenant) 
         missing = [name for name in ADAPTER_FILES if name not in spools]
         if missing:
             raise InvalidRequest(f"the upload lacks {missing[0]}; send {' and '.join(ADAPTER_FILES)}", param=missing[0])
-        spec = await run_in_threadpool(inspect_adapter, adapter_dir, ctx.base_model.shapes, ctx.settings.max_lora_rank)
+        base = _base_of_upload(ctx, form.fields, adapter_dir)
+        spec = await run_in_threadpool(inspect_adapter, adapter_dir, base.shapes, ctx.settings.max_lora_rank)
         await run_in_threadpool(check_finite_weights, spec)  # servers refuse NaN/inf: refuse it now, not per request
         prefix = adapter_prefix(tenant.id, adapter_id)
         stored = await run_in_threadpool(store_adapter_files, ctx.store, prefix, adapter_dir)
 
-    row = uploaded_adapter_row(ctx, tenant, adapter_id, spec, stored, suffix)
+    row = uploaded_adapter_row(base, tenant, adapter_id, spec, stored, suffix)
     await run_in_threadpool(ctx.insert_or_undo, row, partial(ctx.store.delete_prefix, prefix))
     return AdapterObject.from_row(row)
 

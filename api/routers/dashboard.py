@@ -62,11 +62,11 @@ async def dashboard(request: Request, ctx: Context) -> HTMLResponse:
 
     def read_usage():  # type: ignore[no-untyped-def]
         with ctx.reading() as session:
-            return gather_usage(session, ctx.base_model.name)
+            return gather_usage(session, ctx.bases.label)
 
     data = await run_in_threadpool(read_usage)
     await gather_replicas(ctx, data)
-    return HTMLResponse(dashboard_page(data, ctx.base_model.name), headers={"Cache-Control": "no-store"})
+    return HTMLResponse(dashboard_page(data, ctx.bases.label), headers={"Cache-Control": "no-store"})
 
 
 @router.post(

@@ -1,9 +1,9 @@
-"""``/v1/models``: the base model and the caller's adapters, by the names inference takes."""
+"""``/v1/models``: the base models and the caller's adapters on them, by the names inference takes."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from sqlmodel import select
+from sqlmodel import col, select
 
 from api.adapter_lifecycle import retire_adapter
 from api.deps import Context, CurrentTenant
@@ -25,29 +25,35 @@ def _owned_adapter(ctx: Context, tenant: Tenant, model: str) -> Adapter:
 
 @router.get("", response_model=ModelList, summary="List models")
 def list_models(ctx: Context, tenant: CurrentTenant) -> ModelList:
-    """The base model, then the caller's adapters (newest first)."""
+    """Every base model (the default first), then the caller's adapters on them (newest first)."""
     with ctx.session() as session:
         rows = session.exec(
             select(Adapter)
-            .where(Adapter.tenant_id == tenant.id, Adapter.deleted_at.is_(None))  # type: ignore[union-attr]
+            .where(
+                Adapter.tenant_id == tenant.id,
+                Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
+                col(Adapter.base_model).in_(ctx.bases.names),
+            )
             .order_by(Adapter.id.desc())  # type: ignore[union-attr]
         ).all()
-    return ModelList(data=[ModelObject.base(ctx.base_model), *(ModelObject.adapter(r, tenant) for r in rows)])
+    bases = [ModelObject.base(base) for base in ctx.bases]
+    return ModelList(data=[*bases, *(ModelObject.adapter(r, tenant) for r in rows)])
 
 
 # `:path` because model names may hold '/' (a base model named like "org/model").
 @router.get("/{model:path}", response_model=ModelObject, summary="Retrieve a model")
 def retrieve_model(model: str, ctx: Context, tenant: CurrentTenant) -> ModelObject:
-    """The base model, or one of the caller's adapters by its model name."""
-    if model == ctx.base_model.name:
-        return ModelObject.base(ctx.base_model)
+    """A base model, or one of the caller's adapters by its model name."""
+    base = ctx.bases.get(model)
+    if base is not None:
+        return ModelObject.base(base)
     return ModelObject.adapter(_owned_adapter(ctx, tenant, model), tenant)
 
 
 @router.delete("/{model:path}", response_model=ModelDeleted, summary="Delete a fine-tuned model")
 def delete_model(model: str, ctx: Context, tenant: CurrentTenant) -> ModelDeleted:
     """Delete one of the caller's adapters by model name (the base model cannot be deleted)."""
-    if model == ctx.base_model.name:
-        raise PermissionDenied(f"{model!r} is the platform's base model and cannot be deleted", param="model")
+    if model in ctx.bases:
+        raise PermissionDenied(f"{model!r} is one of the platform's base models and cannot be deleted", param="model")
     retire_adapter(ctx, _owned_adapter(ctx, tenant, model))
     return ModelDeleted(id=model)

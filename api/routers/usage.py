@@ -32,7 +32,7 @@ REPORT_RESPONSES = {
 def _answer(ctx: Context, group_by: GroupBy, start: str | None, end: str | None, fmt: str, tenant_id: str | None):  # type: ignore[no-untyped-def]
     period = parse_period(start, end)
     with ctx.reading() as session:
-        report = build_report(session, period, group_by, base_model=ctx.base_model.name, tenant_id=tenant_id)
+        report = build_report(session, period, group_by, base_model=ctx.bases.label, tenant_id=tenant_id)
     if fmt == "csv":
         name = f"usage-{group_by}-{period.start}-{period.end}.csv"
         return Response(

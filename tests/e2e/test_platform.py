@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,12 @@ from openai.types.fine_tuning import FineTuningJob
 
 from core.cpu_share import available_cores, split_cores
 from core.local_services import free_port
+from core.tiny_model import TinyModelSpec, make_tiny_model
 from tests.integration.training.jobs import (
     LOOKUP_TOOL,
     MEMORISE,
     TOOL_CALL_SEQ_LEN,
+    greedy_completions,
     jsonl,
     memorable_rows,
     tool_call_rows,
@@ -48,7 +51,7 @@ class RunningPlatform:
         return self.log.read_text(errors="replace")
 
     def child_pids(self) -> dict[str, int]:
-        return {name: int(pid) for name, pid in re.findall(r"(\w+) running \(pid (\d+)\)", self.output())}
+        return {name: int(pid) for name, pid in re.findall(r"([\w-]+) running \(pid (\d+)\)", self.output())}
 
     def cli(self, *args: str) -> str:
         env = {**os.environ, "LORAPLEX_DATA_DIR": str(self.data_dir)}
@@ -80,10 +83,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
-    data_dir = tmp_path_factory.mktemp("platform")
+@contextmanager
+def running_up(data_dir: Path, *args: str, components: set[str] | None = None) -> Iterator[RunningPlatform]:
+    """`loraplex up` with ``args``, on a free port, until every component (``components``, default api, server
+    and worker) runs; Ctrl-C at the end."""
     port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "up.log"
     # One torch thread per process: on a 2-core machine several spinning thread pools starve each other.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LORAPLEX_LOG_LEVEL": "info"}
@@ -92,17 +97,18 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatfo
             env.pop(var)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(BIN / "loraplex"), "up", "--data-dir", str(data_dir), "--port", str(port)],
+            [str(BIN / "loraplex"), "up", "--data-dir", str(data_dir), "--port", str(port), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
     running = RunningPlatform(proc, data_dir, f"http://127.0.0.1:{port}", "", log)
+    wanted = components or {"api", "server", "worker"}
     try:
         _wait(lambda: "admin key:" in running.output(), "the admin key", running, 120)
         running.admin_key = re.search(r"admin key:\s+(\S+)", running.output()).group(1)  # type: ignore[union-attr]
-        _wait(lambda: {"api", "server", "worker"} <= set(running.child_pids()), "every component", running, 180)
+        _wait(lambda: wanted <= set(running.child_pids()), "every component", running, 180)
         yield running
     finally:
         if proc.poll() is None:
@@ -112,6 +118,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatfo
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    with running_up(tmp_path_factory.mktemp("platform")) as running:
+        yield running
 
 
 def _process_view(pid: int) -> tuple[list[str], dict[str, str]]:
@@ -143,10 +155,10 @@ def _finished(client: OpenAI, job: FineTuningJob, platform: RunningPlatform) -> 
     return job
 
 
-def _ready_for_inference(client: OpenAI, received: dict[str, int]) -> bool:
+def _ready_for_inference(client: OpenAI, received: dict[str, int], model: str = BASE_MODEL) -> bool:
     """One base-model completion goes through (its usage counts like any other)."""
     try:
-        answer = client.completions.create(model=BASE_MODEL, prompt="ping", max_tokens=1)
+        answer = client.completions.create(model=model, prompt="ping", max_tokens=1)
     except Exception:
         return False
     received["prompt"] += answer.usage.prompt_tokens
@@ -296,3 +308,35 @@ def test_stop_leaves_no_process(platform: RunningPlatform) -> None:
     assert platform.process.returncode == 0, platform.output()
     left = {name: pid for name, pid in pids.items() if _alive(pid)}
     assert not left, f"still running after Ctrl-C: {left}"
+
+
+def test_up_serves_several_base_models_each_with_its_own_worker_and_server(tmp_path: Path) -> None:
+    llama = make_tiny_model(tmp_path / "models" / "tiny-llama")
+    qwen = make_tiny_model(tmp_path / "models" / "tiny-qwen", TinyModelSpec(family="qwen2", hidden=64, seed=1))
+    every = {"api", "server", "worker", "server-2", "worker-2"}
+    args = ["--base-model", str(llama), "--base-model", str(qwen)]
+    with running_up(tmp_path / "data", *args, components=every) as up:
+        assert "bases:     tiny-llama, tiny-qwen" in up.output()
+        pids = up.child_pids()
+        for name, base in (
+            ("server", "tiny-llama"),
+            ("worker", "tiny-llama"),
+            ("server-2", "tiny-qwen"),
+            ("worker-2", "tiny-qwen"),
+        ):
+            assert _process_view(pids[name])[1]["LORAPLEX_BASE_MODEL_NAME"] == base, name
+        tenant = json.loads(up.cli("admin", "create-tenant", "bases", "--json"))
+        client = OpenAI(base_url=f"{up.api_url}/v1", api_key=tenant["api_key"], max_retries=4, timeout=120)
+        assert [m.id for m in client.models.list()][:2] == ["tiny-llama", "tiny-qwen"]
+        for name, model_dir in (("tiny-llama", llama), ("tiny-qwen", qwen)):
+            _wait(
+                lambda n=name: _ready_for_inference(client, {"prompt": 0, "completion": 0}, n),
+                f"{name} to answer",
+                up,
+                180,
+            )
+            # As transformers generates (40 tokens or EOS), up to a last character cut mid-way (see
+            # tests/integration/api_inference/test_several_bases.py).
+            answer = client.completions.create(model=name, prompt="Hello", max_tokens=40, temperature=0)
+            [expected] = greedy_completions(model_dir, ["Hello"])
+            assert answer.choices[0].text.rstrip("\ufffd") == expected.rstrip("\ufffd"), name

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from api.base_model import load_base_models
 from api.job_submission import resolve_hyperparameters, resolve_model
 from api.routers.fine_tuning_schemas import JobCreate
 from core import db
@@ -86,7 +87,14 @@ def parent_adapter(tenant_id: str = "tenant-1", **fields: object) -> Adapter:
     return Adapter(**values)
 
 
-def test_the_base_model_or_a_fine_tuned_model_of_ones_own_can_be_fine_tuned(tmp_path: Path) -> None:
+def test_a_served_base_or_a_fine_tuned_model_of_ones_own_on_one_can_be_fine_tuned(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    bases = load_base_models(
+        load_settings(
+            data_dir=tmp_path, base_model=tiny_model_dir, base_model_name="base", base_models=f"second={tiny_model_dir}"
+        )
+    )
     url = f"sqlite:///{tmp_path / 'loraplex.db'}"
     db.upgrade(url)
     with db.session_scope(db.make_engine(url)) as session:
@@ -95,17 +103,22 @@ def test_the_base_model_or_a_fine_tuned_model_of_ones_own_can_be_fine_tuned(tmp_
         session.add(parent_adapter(acme.id))
         session.add(parent_adapter(other.id, id="adapter-2", name="ft:base:other:theirs:ftjob-2"))
         session.add(parent_adapter(acme.id, id="adapter-3", name="ft:old:acme:x:ftjob-3", base_model="old"))
+        session.add(parent_adapter(acme.id, id="adapter-4", name="ft:second:acme:x:ftjob-4", base_model="second"))
         session.flush()
 
-        assert resolve_model(session, acme, "base", "base") is None
-        assert resolve_model(session, acme, "ft:base:acme:first:ftjob-1", "base").id == "adapter-1"  # type: ignore[union-attr]
+        assert resolve_model(session, acme, "base", bases) == (bases.default, None)
+        assert resolve_model(session, acme, "second", bases) == (bases.get("second"), None)
+        base, parent = resolve_model(session, acme, "ft:base:acme:first:ftjob-1", bases)
+        assert (base.name, parent.id if parent else None) == ("base", "adapter-1")
+        base, parent = resolve_model(session, acme, "ft:second:acme:x:ftjob-4", bases)
+        assert (base.name, parent.id if parent else None) == ("second", "adapter-4")
         # Someone else's model, one on another base, and made-up names read alike.
         messages = set()
         for name in ("gpt-4o-mini", "ft:base:other:theirs:ftjob-2", "ft:old:acme:x:ftjob-3", "ft:base:acme::nope"):
             with pytest.raises(InvalidRequest) as caught:
-                resolve_model(session, acme, name, "base")
+                resolve_model(session, acme, name, bases)
             assert caught.value.param == "model" and caught.value.code == "model_not_available"
-            assert "'base'" in caught.value.message
+            assert "'base', 'second'" in caught.value.message
             messages.add(caught.value.message.replace(repr(name), "NAME"))
         assert len(messages) == 2  # one for a name that is no fine-tuned model, one for every ft: name alike
 
