@@ -52,7 +52,7 @@ def _base_of_upload(ctx: Context, fields: dict[str, str], adapter_dir: Path) -> 
     try:
         config = json.loads((adapter_dir / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
         declared = config.get("base_model_name_or_path") if isinstance(config, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         declared = None  # inspect_adapter says what is wrong with the file
     return (ctx.bases.get(declared) if isinstance(declared, str) else None) or ctx.base_model
 

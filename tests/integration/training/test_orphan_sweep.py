@@ -19,7 +19,12 @@ from tests.integration.training.jobs import jsonl, memorable_rows, submit_job, t
 from worker.orphans import sweep_orphaned_objects
 
 GRACE = 600.0
-LATER = time.time() + 2 * GRACE  # every object written by the test is past the grace period by then
+
+
+def later() -> float:
+    """A moment by which every object the test wrote is past the grace period (taken when asked: the module is
+    imported when the run starts, which on a slow run can be more than the grace period earlier)."""
+    return time.time() + 2 * GRACE
 
 
 def store_adapter_objects(platform: Platform, tenant_id: str, adapter_id: str) -> str:
@@ -89,7 +94,7 @@ def test_only_objects_nothing_refers_to_are_removed(platform: Platform) -> None:
     before = {o.key for o in platform.store.list("tenants/")}
     assert sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE) == []  # all too young
 
-    removed = set(sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=LATER))
+    removed = set(sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=later()))
 
     gone = {deleted_file.storage_key, unrecorded_file, failed_results}
     for prefix in (crashed_upload, failed_prefix, elsewhere):
@@ -99,7 +104,7 @@ def test_only_objects_nothing_refers_to_are_removed(platform: Platform) -> None:
     assert remaining == before - gone
     assert live_file.storage_key in remaining and not_ours in remaining and running_results in remaining
     assert any(k.startswith(live_adapter) for k in remaining) and any(k.startswith(running_prefix) for k in remaining)
-    assert sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=LATER) == []
+    assert sweep_orphaned_objects(platform.engine, platform.store, grace_seconds=GRACE, at=later()) == []
 
 
 @pytest.mark.slow

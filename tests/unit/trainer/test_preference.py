@@ -95,8 +95,8 @@ class Judge:
 def test_dpo_teaches_a_model_that_answers_both_ways_to_answer_the_preferred_way(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    words = made_up_words(1320)
-    taught, pairs, held_out = words[:1000], words[1000:1300], words[1300:]
+    words = made_up_words(1020)
+    taught, pairs, held_out = words[:800], words[800:1000], words[1000:]
     # The parent answers each word with it and one of two marks, half and half: it can say either.
     supervised = [{"messages": [*ask(w), say(w + (PREFERRED if i % 2 else OTHER))]} for i, w in enumerate(taught)]
     parent = train_adapter(
