@@ -18,7 +18,7 @@ from trainer.checkpoints import resume_layout
 from trainer.errors import TrainingCancelled
 from trainer.manifest import verify_adapter_dir
 from trainer.progress import Checkpoint, Progress
-from trainer.train import train_adapter
+from trainer.train import TrainingRequest, train_adapter
 
 STATE_FILES = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"}
 
@@ -35,6 +35,18 @@ class Keeper:
         shutil.copytree(checkpoint.adapter_dir, dest / "adapter")
         shutil.copytree(checkpoint.state_dir, dest / "state")
         self.kept.append(replace(checkpoint, adapter_dir=dest / "adapter", state_dir=dest / "state"))
+
+
+def train_until_cancelled(request: TrainingRequest, keeper: Keeper, steps: int) -> None:
+    """Train with checkpoints into ``keeper`` and stop after ``steps`` steps, as a killed worker would."""
+    done: list[int] = []
+    with pytest.raises(TrainingCancelled):
+        train_adapter(
+            request,
+            on_progress=lambda p: done.append(p.step),
+            should_cancel=lambda: len(done) >= steps,
+            on_checkpoint=keeper,
+        )
 
 
 def test_each_epoch_leaves_a_servable_checkpoint_and_the_last_is_the_adapter(
@@ -76,14 +88,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_model_dir: Path
 
     interrupted = request(tiny_model_dir, tmp_path, "resumed", n_epochs=4, seed=3, lora_dropout=0.1)
     keeper = Keeper(tmp_path / "kept")
-    done: list[int] = []
-    with pytest.raises(TrainingCancelled):  # killed in the middle of epoch 3
-        train_adapter(
-            interrupted,
-            on_progress=lambda p: done.append(p.step),
-            should_cancel=lambda: len(done) >= 7,
-            on_checkpoint=keeper,
-        )
+    train_until_cancelled(interrupted, keeper, steps=7)  # killed in the middle of epoch 3
     assert [c.step for c in keeper.kept] == [3, 6]
     last = keeper.kept[-1]
     resume = resume_layout(last.adapter_dir, last.state_dir, tmp_path / "resume")

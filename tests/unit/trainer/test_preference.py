@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
 from core.hyperparameters import DPO, Hyperparameters
-from tests.unit.trainer.test_checkpoints import Keeper
+from tests.unit.trainer.test_checkpoints import Keeper, train_until_cancelled
 from trainer.checkpoints import resume_layout
 from trainer.cli import register
-from trainer.errors import InvalidTrainingData, TrainingCancelled
+from trainer.errors import InvalidTrainingData
 from trainer.manifest import verify_adapter_dir
 from trainer.train import TrainingRequest, load_tokenizer, train_adapter
 
@@ -162,14 +162,7 @@ def test_a_resumed_dpo_run_ends_where_an_uninterrupted_one_does_against_the_same
 
     interrupted = small_dpo_request(tiny_model_dir, tmp_path, "resumed", parent)
     keeper = Keeper(tmp_path / "kept")
-    done: list[int] = []
-    with pytest.raises(TrainingCancelled):  # killed in the middle of epoch 3
-        train_adapter(
-            interrupted,
-            on_progress=lambda p: done.append(p.step),
-            should_cancel=lambda: len(done) >= 7,
-            on_checkpoint=keeper,
-        )
+    train_until_cancelled(interrupted, keeper, steps=7)  # killed in the middle of epoch 3
     assert [c.step for c in keeper.kept] == [3, 6]
     # A checkpoint is the trained adapter alone (not TRL's frozen reference copy), with DPO's metrics.
     assert sorted(p.name for p in keeper.kept[-1].adapter_dir.iterdir()) == sorted(
