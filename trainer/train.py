@@ -115,7 +115,7 @@ def _lora_model(request: TrainingRequest, dtype):  # type: ignore[no-untyped-def
     if request.parent_adapter_dir is not None:
         # Its rank, alpha and targets are the job's (the API resolved them from it); dropout is this job's.
         model = PeftModel.from_pretrained(model, str(request.parent_adapter_dir), is_trainable=True)
-        model.peft_config["default"].lora_dropout = hp.lora_dropout
+        _set_lora_dropout(model, hp.lora_dropout)
         return model
     alpha = int(hp.lora_alpha) if float(hp.lora_alpha).is_integer() else hp.lora_alpha
     config = LoraConfig(
@@ -127,6 +127,17 @@ def _lora_model(request: TrainingRequest, dtype):  # type: ignore[no-untyped-def
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def _set_lora_dropout(model, p: float) -> None:  # type: ignore[no-untyped-def]
+    """Give a loaded adapter this job's dropout: PEFT builds each layer's dropout from the saved config."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and "default" in module.lora_dropout:
+            module.lora_dropout["default"] = torch.nn.Dropout(p) if p > 0 else torch.nn.Identity()
+    model.peft_config["default"].lora_dropout = p
 
 
 def target_modules(model_type: str, hp: ResolvedHyperparameters) -> tuple[str, ...]:

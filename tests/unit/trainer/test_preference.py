@@ -228,3 +228,21 @@ def test_the_train_command_runs_dpo_on_top_of_an_adapter_and_keeps_its_shape(
 
     wrong = CliRunner().invoke(app, [*common, "--data", str(pairs), "--out", str(tmp_path / "wrong")])
     assert wrong.exit_code == 2 and "which train with method 'dpo'" in " ".join(wrong.output.split())
+
+
+def test_a_continued_adapter_trains_with_this_jobs_dropout(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from peft.tuners.lora import LoraLayer
+
+    from trainer.train import _lora_model
+
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [*ask(w), say(w)]} for w in made_up_words(10)])
+    parent = train_adapter(
+        TrainingRequest(tiny_model_dir, chats, tmp_path / "parent", hyperparameters(n_epochs=1, lora_dropout=0.0))
+    ).output_dir
+    request = TrainingRequest(
+        tiny_model_dir, chats, tmp_path / "child", hyperparameters(lora_dropout=0.3), parent_adapter_dir=parent
+    )
+    model = _lora_model(request, torch.float32)
+    dropouts = [m.lora_dropout["default"] for m in model.modules() if isinstance(m, LoraLayer)]
+    assert dropouts and all(isinstance(d, torch.nn.Dropout) and d.p == 0.3 for d in dropouts)
+    assert model.peft_config["default"].lora_dropout == 0.3
