@@ -50,9 +50,6 @@ class BaseModels:
     def __iter__(self) -> Iterator[BaseModelInfo]:
         return iter(self._by_name.values())
 
-    def __len__(self) -> int:
-        return len(self._by_name)
-
     @property
     def names(self) -> list[str]:
         return list(self._by_name)

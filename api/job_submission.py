@@ -16,9 +16,9 @@ import secrets
 
 from sqlmodel import Session, delete
 
-from api.base_model import BaseModelInfo, BaseModels
+from api.base_model import BaseModels
 from api.context import ApiContext
-from api.ownership import find_owned_adapter, plausible_id
+from api.ownership import ServedModel, find_served_model, plausible_id
 from api.routers.fine_tuning_schemas import MAX_SEED, JobCreate
 from core.dataset_format import method_format_problem
 from core.errors import InvalidRequest, NotFound, ObjectNotFound
@@ -75,19 +75,13 @@ def resolve_hyperparameters(
         raise InvalidRequest(message, param=f"{where}.{field}" if field else where) from None
 
 
-def resolve_model(
-    session: Session, tenant: Tenant, model: str, bases: BaseModels
-) -> tuple[BaseModelInfo, Adapter | None]:
+def resolve_model(session: Session, tenant: Tenant, model: str, bases: BaseModels) -> ServedModel:
     """What ``model`` trains on: one of the served bases, or one of the tenant's fine-tuned models on one, whose
-    adapter the job continues (its base, and the adapter)."""
-    base = bases.get(model)
-    if base is not None:
-        return base, None
+    adapter the job continues."""
+    target = find_served_model(session, tenant, model, bases)
+    if target is not None:
+        return target
     # Another tenant's model reads exactly like a missing one.
-    parent = find_owned_adapter(session, tenant, model) if model.startswith("ft:") else None
-    base = bases.get(parent.base_model) if parent is not None else None
-    if parent is not None and base is not None:
-        return base, parent
     served = ", ".join(repr(name) for name in bases.names)
     if model.startswith("ft:"):
         raise InvalidRequest(
@@ -153,7 +147,8 @@ def submit_job(ctx: ApiContext, tenant: Tenant, body: JobCreate) -> FineTuneJob:
     """Validate ``body``, create the job and publish it to its base's workers; returns the job (``queued``)."""
     method = body.method_type
     with ctx.session() as session:
-        base, parent = resolve_model(session, tenant, body.model, ctx.bases)
+        target = resolve_model(session, tenant, body.model, ctx.bases)
+        base, parent = target.base, target.adapter
         model_type, context = base.config.get("model_type"), base.context_length
         resolve_hyperparameters(body, ctx.settings, context, model_type, parent=parent)  # bad values first
         files = [(_fine_tune_file(session, tenant, body.training_file, "training_file", method), "training_file")]

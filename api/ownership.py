@@ -4,10 +4,12 @@ so ids cannot be probed across tenants."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TypeVar
 
 from sqlmodel import Session, SQLModel, select
 
+from api.base_model import BaseModelInfo, BaseModels
 from core.errors import NotFound
 from core.models import Adapter, Tenant
 
@@ -42,3 +44,23 @@ def find_owned_adapter(session: Session, tenant: Tenant, name: str) -> Adapter |
             Adapter.deleted_at.is_(None),  # type: ignore[union-attr]
         )
     ).first()
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a ``model`` name reaches: the base that answers (or trains), and the caller's adapter on it (None:
+    the base alone)."""
+
+    base: BaseModelInfo
+    adapter: Adapter | None
+
+
+def find_served_model(session: Session, tenant: Tenant, model: str, bases: BaseModels) -> ServedModel | None:
+    """One of the served bases by name, or the caller's live adapter whose base is served; None otherwise (an
+    adapter whose base this API no longer serves reads like a missing one)."""
+    base = bases.get(model)
+    if base is not None:
+        return ServedModel(base, None)
+    adapter = find_owned_adapter(session, tenant, model)
+    base = bases.get(adapter.base_model) if adapter is not None else None
+    return ServedModel(base, adapter) if base is not None else None

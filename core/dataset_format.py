@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.dataset_tools import check_tool_calls, check_tools
+from core.hyperparameters import DPO
 
 CHAT = "chat"
 PROMPT_COMPLETION = "prompt_completion"
@@ -63,9 +64,9 @@ class DatasetReport:
 def method_format_problem(method: str, data_format: str | None) -> str | None:
     """Why a file of ``data_format`` cannot train with ``method`` (``supervised`` or ``dpo``), or None: supervised
     fine-tuning reads chat or prompt/completion examples, DPO preference pairs."""
-    if data_format is None or (data_format == PREFERENCE) == (method == "dpo"):
+    if data_format is None or (data_format == PREFERENCE) == (method == DPO):
         return None
-    if method == "dpo":
+    if method == DPO:
         return (
             f"method 'dpo' trains on preference pairs ('input', 'preferred_output', 'non_preferred_output'), but "
             f"the file holds {data_format} examples; use method 'supervised' for them"

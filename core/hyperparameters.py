@@ -170,8 +170,13 @@ class Hyperparameters(BaseModel):
             lora_dropout=self.lora_dropout,
             target_modules=targets,
             max_seq_len=self.max_seq_len,
-            beta=(DEFAULT_BETA if self.beta in (None, "auto") else float(self.beta)) if method == DPO else None,  # type: ignore[arg-type]
+            beta=self._resolved_beta(method),
         )
+
+    def _resolved_beta(self, method: str) -> float | None:
+        if method != DPO:
+            return None
+        return DEFAULT_BETA if self.beta is None or self.beta == "auto" else float(self.beta)
 
 
 class ResolvedHyperparameters(BaseModel):

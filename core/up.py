@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from core.base_catalogue import BaseEntry, base_catalogue
 from core.cpu_share import CpuShares, available_cores, split_cores
 from core.db import make_engine
 from core.errors import ConfigError
@@ -230,24 +231,42 @@ class ServedBase:
     directory: Path
 
 
-def _resolve_bases(settings: Settings, sources: list[str]) -> list[ServedBase]:
-    """Each source resolved once (a hub id's snapshot), named as ``LORAPLEX_BASE_MODEL_NAME`` or by default; the
-    first is the default base. Exits 2 naming a source that cannot be served."""
+def _entries(settings: Settings, flags: list[str], data_dir: Path) -> list[BaseEntry]:
+    """The bases to serve: each ``--base-model`` (the first named as ``LORAPLEX_BASE_MODEL_NAME`` says), else the
+    configured catalogue (``LORAPLEX_BASE_MODEL`` and ``LORAPLEX_BASE_MODELS``), else a tiny model made here."""
+    from core.tiny_model import make_tiny_model
+
+    if flags:
+        names = [settings.base_model_name, *[None] * (len(flags) - 1)]
+        return [
+            BaseEntry(name or default_model_name(source), source) for name, source in zip(names, flags, strict=True)
+        ]
+    if settings.base_model:
+        return base_catalogue(settings)
+    tiny = data_dir / "models" / "tiny-llama"
+    if not (tiny / "config.json").exists():
+        console.print(f"no base model configured: making the tiny one in {tiny}")
+        make_tiny_model(tiny)
+    return [BaseEntry(settings.base_model_name or default_model_name(str(tiny)), str(tiny))]
+
+
+def _resolve_bases(entries: list[BaseEntry]) -> list[ServedBase]:
+    """Each base's directory, resolved once (a hub id's snapshot); the first is the default base. Exits 2
+    naming a base that cannot be served."""
     bases: list[ServedBase] = []
-    for i, source in enumerate(sources):
+    for entry in entries:
         try:
-            directory = resolve_model_dir(source, setting="--base-model / LORAPLEX_BASE_MODEL")
+            directory = resolve_model_dir(entry.source, setting="--base-model / LORAPLEX_BASE_MODEL(S)")
         except ConfigError as exc:
             console.print(f"[red]error:[/red] {exc.message}")
             raise typer.Exit(2) from None
         if not (directory / "config.json").exists():
             console.print(f"[red]error:[/red] {directory} has no config.json (LORAPLEX_BASE_MODEL / --base-model)")
             raise typer.Exit(2)
-        name = (settings.base_model_name if i == 0 else None) or default_model_name(source)
-        if any(b.name == name for b in bases):
-            console.print(f"[red]error:[/red] two base models are named {name!r}; give each its own --base-model")
+        if any(b.name == entry.name for b in bases):
+            console.print(f"[red]error:[/red] two base models are named {entry.name!r}; give each its own --base-model")
             raise typer.Exit(2)
-        bases.append(ServedBase(name, directory))
+        bases.append(ServedBase(entry.name, directory))
     return bases
 
 
@@ -285,29 +304,23 @@ def up(
     train_threads: int | None = None,
 ) -> None:
     """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all.
-    ``base_models`` (default: ``LORAPLEX_BASE_MODEL``, else a tiny model) each get a worker and a server.
+    ``base_models`` (default: the configured ones, else a tiny model) each get a worker and a server.
     Serving and training get their shares of the cores (``core.cpu_share``); either may be given."""
     from core import db
-    from core.tiny_model import make_tiny_model
 
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
-    sources = base_models or ([settings.base_model] if settings.base_model else [])
-    if not sources:
-        tiny = data_dir / "models" / "tiny-llama"
-        if not (tiny / "config.json").exists():
-            console.print(f"no base model configured: making the tiny one in {tiny}")
-            make_tiny_model(tiny)
-        sources = [str(tiny)]
-    bases = _resolve_bases(settings, sources)
+    try:
+        bases = _resolve_bases(_entries(settings, base_models, data_dir))
+    except ConfigError as exc:  # LORAPLEX_BASE_MODELS malformed, or two of its bases share a name
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
     try:
         shares = split_cores(available_cores(), server_threads, train_threads)
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc.message} (--server-threads / --train-threads)")
         raise typer.Exit(2) from None
-    extra = ",".join(f"{b.name}={b.directory}" for b in bases[1:]) or None
-    settings = settings.model_copy(update={"base_model": sources[0], "base_models": extra})
     if settings.db_url.startswith("sqlite"):
         db.upgrade(settings.db_url)
 
@@ -323,8 +336,8 @@ def up(
             redis_url = platform.redis.url
             console.print(f"redis running (pid {platform.redis.process.pid})")
         env = platform.child_env(redis_url, bases[0].directory, bases[0].name, admin_key, internal)
-        if extra:
-            env["LORAPLEX_BASE_MODELS"] = extra  # the API serves every base; each worker and server one
+        # The API serves every base (this, not an inherited value); each worker and server serves one.
+        env["LORAPLEX_BASE_MODELS"] = ",".join(f"{b.name}={b.directory}" for b in bases[1:])
         exe = [sys.executable, "-m", "core"]
         platform.children = [
             *_base_children(bases, exe, shares, platform.server_port),

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from core.cli import console, settings_or_exit
+from core.descriptor import ADAPTER_CONFIG
 from core.thread_options import TrainThreads
 
 
@@ -73,7 +74,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] --method must be {SUPERVISED} or {DPO}, not {method!r}")
             raise typer.Exit(2)
         if from_adapter is not None:  # training extends that adapter, so it keeps its shape
-            shape = json.loads((from_adapter / "adapter_config.json").read_text(encoding="utf-8"))
+            shape = json.loads((from_adapter / ADAPTER_CONFIG).read_text(encoding="utf-8"))
             lora_r, lora_alpha, target_modules = shape["r"], shape["lora_alpha"], ",".join(shape["target_modules"])
         try:
             hyperparameters = Hyperparameters(

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from api.base_model import load_base_models
 from api.job_submission import resolve_hyperparameters, resolve_model
+from api.ownership import ServedModel
 from api.routers.fine_tuning_schemas import JobCreate
 from core import db
 from core.accounts import create_tenant
@@ -106,12 +107,12 @@ def test_a_served_base_or_a_fine_tuned_model_of_ones_own_on_one_can_be_fine_tune
         session.add(parent_adapter(acme.id, id="adapter-4", name="ft:second:acme:x:ftjob-4", base_model="second"))
         session.flush()
 
-        assert resolve_model(session, acme, "base", bases) == (bases.default, None)
-        assert resolve_model(session, acme, "second", bases) == (bases.get("second"), None)
-        base, parent = resolve_model(session, acme, "ft:base:acme:first:ftjob-1", bases)
-        assert (base.name, parent.id if parent else None) == ("base", "adapter-1")
-        base, parent = resolve_model(session, acme, "ft:second:acme:x:ftjob-4", bases)
-        assert (base.name, parent.id if parent else None) == ("second", "adapter-4")
+        assert resolve_model(session, acme, "base", bases) == ServedModel(bases.default, None)
+        assert resolve_model(session, acme, "second", bases) == ServedModel(bases.get("second"), None)  # type: ignore[arg-type]
+        target = resolve_model(session, acme, "ft:base:acme:first:ftjob-1", bases)
+        assert (target.base.name, target.adapter.id if target.adapter else None) == ("base", "adapter-1")
+        target = resolve_model(session, acme, "ft:second:acme:x:ftjob-4", bases)
+        assert (target.base.name, target.adapter.id if target.adapter else None) == ("second", "adapter-4")
         # Someone else's model, one on another base, and made-up names read alike.
         messages = set()
         for name in ("gpt-4o-mini", "ft:base:other:theirs:ftjob-2", "ft:old:acme:x:ftjob-3", "ft:base:acme::nope"):

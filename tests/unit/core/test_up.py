@@ -8,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from core.up import Child, _check_child
+from core.base_catalogue import BaseEntry, base_catalogue
+from core.settings import load_settings
+from core.up import Child, _check_child, _entries
 
 
 def exited(child: Child, env: dict[str, str], logs: Path) -> Child:
@@ -48,3 +50,11 @@ def test_a_child_runs_with_its_own_environment_on_top_of_the_platforms(tmp_path:
     child = exited(Child("server", [sys.executable, "-c", script], env={"OMP_NUM_THREADS": "3"}), env, tmp_path)
     assert child.process is not None and child.process.proc is not None and child.process.proc.returncode == 0
     assert (tmp_path / "server.log").read_text().split() == ["3", str(tmp_path)]
+
+
+def test_up_serves_the_configured_catalogue_unless_bases_are_given(tmp_path: Path) -> None:
+    configured = load_settings(data_dir=tmp_path, base_model="/m/tiny-llama", base_models="q=/m/tiny-qwen")
+    assert _entries(configured, [], tmp_path) == base_catalogue(configured)  # both configured bases, not one
+    assert _entries(configured, ["/m/a", "/m/b"], tmp_path) == [BaseEntry("a", "/m/a"), BaseEntry("b", "/m/b")]
+    named = load_settings(data_dir=tmp_path, base_model_name="mine")
+    assert _entries(named, ["/m/a", "/m/b"], tmp_path) == [BaseEntry("mine", "/m/a"), BaseEntry("b", "/m/b")]
