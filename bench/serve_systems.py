@@ -37,6 +37,7 @@ class OursOptions:
     step_tokens: int = 2048
     decoding_step_tokens: int = 256
     step_stretch: float = DEFAULT_STRETCH  # 0: the token cap only
+    engine_process: bool = True  # False: the engine on a thread of the HTTP process (--engine-thread)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
         "--max-num-batched-tokens", str(options.step_tokens),
         "--step-tokens-while-decoding", str(options.decoding_step_tokens),
         "--step-stretch", str(options.step_stretch),
+        "--engine-process" if options.engine_process else "--engine-thread",
     ]  # fmt: skip
     env = child_env(workdir, options.threads)
     process = ManagedProcess("loraplex server", argv, workdir / "logs" / "ours.log", env=env).start()

@@ -20,9 +20,21 @@ class LoraplexError(Exception):
         self.code = code or self.default_code
         self.param = param
 
+    def __reduce__(self) -> tuple:
+        # Errors cross from the engine process to the HTTP one: keep every attribute (retry_after, code,
+        # param), which the default (``cls(*args)``) would drop or fail on for keyword-only fields.
+        return _rebuild_error, (type(self), self.args, self.__dict__.copy())
+
     def to_dict(self) -> dict:
         """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+def _rebuild_error(cls: type[LoraplexError], args: tuple, state: dict) -> LoraplexError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(LoraplexError):

@@ -16,6 +16,8 @@ from core.model_source import default_model_name
 ENV_PREFIX = "LORAPLEX_"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every component's log lines
+
 
 class Settings(BaseSettings):
     """One object for every process: API, worker, inference server and CLI."""

@@ -92,6 +92,14 @@ def register(app: typer.Typer) -> None:
                 "tokens (--fcfs: in arrival order).",
             ),
         ] = True,
+        engine_process: Annotated[
+            bool,
+            typer.Option(
+                "--engine-process/--engine-thread",
+                help="Run the engine in a process of its own, so HTTP work never holds the interpreter a step needs "
+                "(--engine-thread: a thread of the HTTP process).",
+            ),
+        ] = True,
         max_waiting: Annotated[int, typer.Option(help="Queued requests before answering 429.")] = 256,
         max_n: Annotated[int, typer.Option(help="Largest n (completions per request).")] = 16,
         advertise_url: Annotated[
@@ -110,12 +118,13 @@ def register(app: typer.Typer) -> None:
         from core.cli import console, settings_or_exit
         from core.errors import ConfigError
         from core.model_source import default_model_name, resolve_model_dir
+        from core.settings import LOG_FORMAT
         from core.storage import open_store
         from server.config import ServerConfig, random_replica_id
         from server.http import create_app
 
         settings = settings_or_exit()
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
         try:
             config = ServerConfig(
                 model=resolve_model_dir(model, setting="--model"),
@@ -133,6 +142,7 @@ def register(app: typer.Typer) -> None:
                 adapter_turn_steps=adapter_turn_steps,
                 enable_prefix_caching=prefix_caching,
                 fair_scheduling=fair_scheduling,
+                engine_process=engine_process,
                 max_waiting=max_waiting,
                 max_n=max_n,
                 adapter_root=adapter_root,

@@ -27,7 +27,7 @@ from server.openai_render import Kind, Renderer, TokenText
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from server.openai_tools import ToolUse, tool_use
 from server.runtime import ServerRuntime
-from server.tickets import Ticket
+from server.tickets import EngineRequest, Ticket
 from server.tool_parsers import parser_for_template
 
 CLIENT_CLOSED = 499
@@ -38,9 +38,9 @@ class CompletionService:
 
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
-        self.token_text = TokenText(runtime.engine.tokenizer)
+        self.token_text = TokenText(runtime.front.tokenizer)
         # The tool-call format is the chat template's: read once, from the markers the template writes.
-        self.tool_parser = parser_for_template(getattr(runtime.engine.tokenizer, "chat_template", None))
+        self.tool_parser = parser_for_template(getattr(runtime.front.tokenizer, "chat_template", None))
 
     async def completion(self, request: Request, body: CompletionRequest) -> Response:
         return await self._serve(request, body, "completion", completion_prompt)
@@ -71,14 +71,15 @@ class CompletionService:
     ) -> Response:
         arrival = time.monotonic()
         runtime = self.runtime
-        engine = runtime.engine
+        front = runtime.front
         adapter = self.resolve_adapter(body)
-        prompt = await asyncio.to_thread(prompt_of, body, engine)  # tokenizing long prompts would stall the loop
+        prompt = await asyncio.to_thread(prompt_of, body, front)  # tokenizing long prompts would stall the loop
         grammar = tools.grammar() if tools else None
-        params = sampling_params(body, len(prompt), engine.max_model_len, runtime.config.max_n, grammar)
+        params = sampling_params(body, len(prompt), front.max_model_len, runtime.config.max_n, grammar)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
         ticket = Ticket.create(
-            f"{prefix}-{uuid.uuid4().hex}", adapter, prompt, params, arrival, tenancy(body), body.cache_salt
+            EngineRequest(request_id, adapter, prompt, params, arrival, tenancy(body), body.cache_salt)
         )
         headers = {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER) or ticket.request_id}
         runtime.loop.submit(ticket)

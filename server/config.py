@@ -54,6 +54,9 @@ class ServerConfig:
     dtype: str = "auto"
     num_threads: int | None = None
     seed: int = 0
+    # The engine in a process of its own, so the HTTP thread never holds the GIL a step needs; False: a thread
+    # of the HTTP process (what in-process tests use to reach the engine's object store).
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)

@@ -24,7 +24,7 @@ from server.engine import LLMEngine, RequestOutput
 from server.engine.tenancy import TenantLoad
 from server.memory.pool import PoolStats
 from server.metrics import ServerMetrics
-from server.tickets import Ticket, settle_future
+from server.tickets import EngineTicket, settle_future
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,15 @@ class EngineLoop:
         self.manager: AdapterManager | None = None  # attached before start (it needs ``post``)
         # Told when an adapter cannot be loaded, e.g. to stop listing a broken one.
         self.on_adapter_error: Callable[[KnownAdapter, LoraplexError], None] | None = None
+        # Called on the engine thread at the end of every iteration and once at exit: the engine process
+        # sends what the iteration produced (admissions, outputs, metrics, the pool view) in one message.
+        self.on_iteration: Callable[[], None] | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._closed = False  # set (under _counts_lock) when the thread exits: nothing posted after runs
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._pending: list[Ticket] = []  # not yet in the engine: waiting for their adapter to become resident
-        self._admitted: dict[str, Ticket] = {}
+        self._pending: list[EngineTicket] = []  # not yet in the engine: waiting for their adapter to become resident
+        self._admitted: dict[str, EngineTicket] = {}
         self._counts_lock = threading.Lock()
         self._waiting = 0
         self._running = 0
@@ -102,6 +105,10 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the engine thread to end (after ``stop``, or a failure)."""
+        self._thread.join(timeout)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed and self.failure is None and not self._stop.is_set()
@@ -118,22 +125,18 @@ class EngineLoop:
             self._inbox.put(job)
         self._wake.set()
 
-    def submit(self, ticket: Ticket) -> None:
+    def submit(self, ticket: EngineTicket) -> None:
         """Queue a request; ``RateLimited`` when the waiting queue is full. Admission is reported on the ticket."""
         with self._counts_lock:
             if self._closed or not self._thread.is_alive():
                 raise self._unavailable()
             if self._waiting >= self.max_waiting:
-                raise RateLimited(
-                    f"{self._waiting} requests are already waiting (the limit is {self.max_waiting}); retry shortly",
-                    retry_after=RETRY_AFTER_S,
-                    code="server_overloaded",
-                )
+                raise queue_full(self._waiting, self.max_waiting)
             self._waiting += 1
             self._inbox.put(lambda: self._on_submit(ticket))
         self._wake.set()
 
-    def cancel(self, ticket: Ticket) -> None:
+    def cancel(self, ticket: EngineTicket) -> None:
         """Drop a request whose client went away: unqueue it, or abort it in the engine (freeing its pages)."""
         with contextlib.suppress(ServiceUnavailable):  # the thread ended and answered every ticket already
             self.post(lambda: self._on_cancel(ticket))
@@ -165,6 +168,11 @@ class EngineLoop:
         self.request_adapter(adapter, lambda e: settle_future(loop, future, e), pinned=pinned)
         return future
 
+    def drain_residency(self) -> dict[str, float]:
+        """Page-seconds per adapter key in the pool since the last call."""
+        assert self.manager is not None
+        return self.manager.drain_residency()
+
     def forget(self, key: str) -> None:
         """Unload an adapter from every tier once no request uses it."""
         manager = self.manager
@@ -188,7 +196,9 @@ class EngineLoop:
                 self._publish()
                 if self.engine.has_unfinished_requests():
                     self._step()
+                    self._end_iteration()
                 else:
+                    self._end_iteration()
                     deadline = manager.next_deadline()
                     timeout = IDLE_WAKE_S if deadline is None else min(IDLE_WAKE_S, max(deadline - now, 0.0) + 1e-3)
                     self._wake.wait(timeout)
@@ -212,6 +222,11 @@ class EngineLoop:
                 job()  # submissions join _pending; other jobs are harmless now
         self._fail_all(error)
         manager.close()
+        self._end_iteration()
+
+    def _end_iteration(self) -> None:
+        if self.on_iteration is not None:
+            self.on_iteration()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -221,7 +236,7 @@ class EngineLoop:
                 return
             job()
 
-    def _on_submit(self, ticket: Ticket) -> None:
+    def _on_submit(self, ticket: EngineTicket) -> None:
         manager = self.manager
         assert manager is not None
         self._pending.append(ticket)
@@ -233,7 +248,7 @@ class EngineLoop:
         # ``want`` answers at once when the adapter is resident, else once it is placed (or cannot be).
         manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock(), ticket.tenancy)
 
-    def _adapter_ready(self, ticket: Ticket, error: LoraplexError | None) -> None:
+    def _adapter_ready(self, ticket: EngineTicket, error: LoraplexError | None) -> None:
         if error is not None and ticket.adapter is not None:
             self._adapter_failed(ticket.adapter, error)
         if ticket not in self._pending:
@@ -250,19 +265,19 @@ class EngineLoop:
         if self.on_adapter_error is not None:
             self.on_adapter_error(adapter, error)
 
-    def _on_cancel(self, ticket: Ticket) -> None:
+    def _on_cancel(self, ticket: EngineTicket) -> None:
         if ticket in self._pending:
             self._drop_pending(ticket, ClientGone("the client disconnected"))
         elif ticket.request_id in self._admitted:
             self.engine.abort_request(ticket.request_id)
 
-    def _drop_pending(self, ticket: Ticket, error: LoraplexError) -> None:
+    def _drop_pending(self, ticket: EngineTicket, error: LoraplexError) -> None:
         self._pending.remove(ticket)
         with self._counts_lock:
             self._waiting -= 1
         ticket.admit(error)
 
-    def _admit(self, ticket: Ticket) -> None:
+    def _admit(self, ticket: EngineTicket) -> None:
         """Hand a request whose adapter is resident (or that has none) to the engine; its scheduler decides
         when it runs. Done in the same turn the adapter is found resident: from then on the request holds
         the adapter in the engine, so no placement can evict it first."""
@@ -353,6 +368,18 @@ class EngineLoop:
         self._admitted.clear()
 
     def _unavailable(self) -> ServiceUnavailable:
-        if self.failure is not None:
-            return ServiceUnavailable(f"the inference engine failed: {self.failure}", code="engine_failed")
-        return ServiceUnavailable("the inference engine is not running", code="engine_not_running")
+        return engine_unavailable(self.failure)
+
+
+def queue_full(waiting: int, limit: int) -> RateLimited:
+    return RateLimited(
+        f"{waiting} requests are already waiting (the limit is {limit}); retry shortly",
+        retry_after=RETRY_AFTER_S,
+        code="server_overloaded",
+    )
+
+
+def engine_unavailable(failure: BaseException | None) -> ServiceUnavailable:
+    if failure is not None:
+        return ServiceUnavailable(f"the inference engine failed: {failure}", code="engine_failed")
+    return ServiceUnavailable("the inference engine is not running", code="engine_not_running")

@@ -144,7 +144,7 @@ def create_app(
                 "owned_by": "loraplex",
                 "root": base,
                 "parent": None,
-                "max_model_len": runtime.engine.max_model_len,
+                "max_model_len": runtime.front.max_model_len,
             }
         ]
         data += [_model_card(known, base) for known in runtime.registry.adapters()]

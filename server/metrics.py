@@ -75,8 +75,18 @@ class _WithoutCreated(Collector):
             yield metric
 
 
+MetricUpdates = tuple[dict[tuple[str, tuple[str, ...]], float], dict[str, list[float]]]  # increments, observations
+
+
 class ServerMetrics:
     """Every metric the server exports; ``bind`` attaches the gauge snapshot once the engine is up."""
+
+    # The counters and histograms the engine loop and adapter manager update: in an engine process they are
+    # relayed to the HTTP process (``apply``), which owns the registry.
+    ENGINE_UPDATED = (
+        "adapter_loads", "adapter_evictions", "adapter_load_seconds", "time_to_first_token", "inter_token_latency",
+        "e2e_request_latency", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -121,6 +131,17 @@ class ServerMetrics:
     def bind(self, snapshot: Callable[[], GaugeSnapshot]) -> None:
         """Read gauges from ``snapshot`` from now on."""
         self._snapshot = snapshot
+
+    def apply(self, updates: MetricUpdates) -> None:
+        """Add what an engine process counted and observed since its last message."""
+        increments, observations = updates
+        for (name, labels), amount in increments.items():
+            metric = getattr(self, name)
+            (metric.labels(*labels) if labels else metric).inc(amount)
+        for name, values in observations.items():
+            histogram = getattr(self, name)
+            for value in values:
+                histogram.observe(value)
 
     def render(self) -> bytes:
         """The text exposition format."""

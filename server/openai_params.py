@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 from core.errors import InvalidRequest
-from server.engine import LLMEngine, SamplingParams
+from server.engine import SamplingParams
 from server.engine.errors import PromptTooLong
+from server.engine.front import EngineFront
 from server.engine.grammar import JSON_OBJECT_SCHEMA, canonical_schema
 from server.engine.tenancy import Priority, Tenancy
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -18,7 +19,7 @@ from server.openai_schemas import ChatCompletionRequest, CompletionRequest, Gene
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def completion_prompt(body: CompletionRequest, engine: LLMEngine) -> list[int]:
+def completion_prompt(body: CompletionRequest, front: EngineFront) -> list[int]:
     """Token ids of ``prompt``: a string, or a list of token ids (a one-element batch of either is accepted)."""
     prompt = body.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -26,11 +27,11 @@ def completion_prompt(body: CompletionRequest, engine: LLMEngine) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequest("prompt is empty", param="prompt")
-        return engine.encode(prompt)
+        return front.encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if not prompt:
             raise InvalidRequest("prompt is an empty list of token ids", param="prompt")
-        vocab = engine.model_config.vocab_size
+        vocab = front.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
         return list(prompt)
@@ -116,10 +117,12 @@ def _text_content(content: Any, role: str, where: str) -> str:
     raise InvalidRequest(f"{where} must be a string or a list of text parts", param=where)
 
 
-def chat_prompt(body: ChatCompletionRequest, engine: LLMEngine, tools: list[dict[str, Any]] | None = None) -> list[int]:
+def chat_prompt(
+    body: ChatCompletionRequest, front: EngineFront, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Token ids of the conversation rendered with the tokenizer's chat template (``tools`` checked ones)."""
     messages = chat_messages(body.messages)
-    tokenizer = engine.tokenizer
+    tokenizer = front.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
     try:

@@ -1,60 +1,42 @@
-"""One server's moving parts, built and wired from its config: engine, adapter tiers, engine thread, Redis links."""
+"""One server's moving parts, built and wired from its config: the engine (a process or a thread), the adapter
+names it serves, Redis links."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from core.errors import LoraplexError
 from core.protocol import PoolPages, ReplicaStatus, TenantLoad
 from core.storage import ObjectStore
-from server.adapters.fetch import AdapterFetcher
-from server.adapters.host_cache import HostCache
-from server.adapters.manager import AdapterLimits, AdapterManager
 from server.adapters.registry import AdapterRegistry, KnownAdapter
 from server.adapters.sources import adapter_id_of_key
 from server.config import ServerConfig
-from server.engine import LLMEngine
 from server.engine.tenancy import TenantLoad as EngineTenantLoad
 from server.engine_loop import EngineLoop
+from server.engine_process import EngineProcess
+from server.local_engine import LocalEngine
 from server.metrics import GaugeSnapshot, ServerMetrics
 from server.replica_registry import ReplicaPublisher
 
 
 class ServerRuntime:
-    """Builds the engine (slow: weights, tokenizer) and everything around it; ``start`` then ``close``."""
+    """Builds the engine (slow: weights, tokenizer), in this process or its own, and everything around it;
+    ``start`` then ``close``."""
 
     def __init__(self, config: ServerConfig, metrics: ServerMetrics, store: ObjectStore | None) -> None:
         self.config = config
         self.metrics = metrics
         self.started_at = time.time()
-        self.engine = LLMEngine(config.engine_config())
         self.base_name = config.base_name
         self.registry = AdapterRegistry(self.base_name, config.adapter_root)
-        self.loop = EngineLoop(
-            self.engine,
-            metrics,
-            config.replica_id,
-            max_waiting=config.max_waiting,
-        )
-        self._scratch = Path(tempfile.mkdtemp(prefix="loraplex-server-"))
-        fetcher = AdapterFetcher(
-            store, self.engine.model_config.base_shapes(), config.max_lora_rank, self._scratch, config.adapter_root
-        )
-        pool = self.engine.pool_stats()
-        limits = AdapterLimits(
-            max_resident=config.max_resident_adapters,
-            pool_idle_ttl=config.adapter_idle_ttl,
-            reserve_pages=int(self.engine.config.watermark * pool.total_pages),
-        )
-        host = HostCache(config.host_cache_bytes, config.host_idle_ttl)
-        self.manager = AdapterManager(
-            self.engine, fetcher, host, limits, metrics, self.loop.post, load_workers=config.load_workers
-        )
-        self.loop.manager = self.manager
+        self._local: LocalEngine | None = None
+        if config.engine_process:
+            self.loop: EngineLoop | EngineProcess = EngineProcess(config, metrics, store)
+            self.front = self.loop.front
+        else:
+            self._local = LocalEngine(config, metrics, store)
+            self.loop, self.front = self._local.loop, self._local.front
         self.loop.on_adapter_error = self._adapter_failed
         self.publisher: ReplicaPublisher | None = None
         if config.redis_url:
@@ -69,10 +51,12 @@ class ServerRuntime:
             self.publisher.start()
 
     def close(self) -> None:
-        self.loop.stop()
+        if self._local is not None:
+            self._local.close()
+        else:
+            self.loop.stop()
         if self.publisher is not None:
             self.publisher.stop()
-        shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ----- views ---------------------------------------------------------------------------------------
 
@@ -125,7 +109,7 @@ class ServerRuntime:
     def residency(self) -> dict[str, float]:
         """Page-seconds per stored adapter id since the last call (local adapters are not metered)."""
         totals: dict[str, float] = {}
-        for key, seconds in self.manager.drain_residency().items():
+        for key, seconds in self.loop.drain_residency().items():
             adapter_id = adapter_id_of_key(key)
             if adapter_id is not None:
                 totals[adapter_id] = totals.get(adapter_id, 0.0) + seconds

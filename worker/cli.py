@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from core.cli import console, ready_database, settings_or_exit
+from core.settings import LOG_FORMAT
 from core.thread_options import TrainThreads
 
 
@@ -75,7 +76,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
         ready_database(settings)
-        logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=loglevel.upper(), format=LOG_FORMAT)
         celery = create_worker_app(settings, options)
         celery.worker_main(
             [

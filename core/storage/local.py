@@ -39,6 +39,12 @@ class LocalObjectStore(ObjectStore):
         except OSError as exc:
             raise StorageError(f"cannot create the object store at {self.root} (LORAPLEX_STORAGE_DIR): {exc}") from exc
 
+    def __reduce__(self) -> tuple:
+        """Pickles as its root: the engine process opens the same directory."""
+        if type(self) is not LocalObjectStore:
+            raise TypeError(f"{type(self).__name__} cannot be opened in another process")
+        return LocalObjectStore, (self.root,)
+
     def _paths(self, key: str) -> tuple[Path, Path]:
         validate_key(key)
         return self._data / key, self._meta / f"{key}.json"

@@ -44,6 +44,10 @@ class S3ObjectStore(ObjectStore):
     ) -> None:
         self.endpoint = endpoint
         self.bucket = bucket
+        # What ``__reduce__`` needs to open the same store in another process (the engine's).
+        self._opening = ((endpoint, access_key, secret_key, bucket),
+                         {"secure": secure, "region": region, "connect_timeout": connect_timeout,
+                          "read_timeout": read_timeout})  # fmt: skip
         # Few, quick retries: when S3 is down the caller should hear so in seconds, not minutes.
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
@@ -54,6 +58,13 @@ class S3ObjectStore(ObjectStore):
             endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region, http_client=http
         )
         self._bucket_ready = False
+
+    def __reduce__(self) -> tuple:
+        """Pickles as its settings (the client's connection pool stays behind): the engine process opens its own."""
+        if type(self) is not S3ObjectStore:  # a subclass's own state (a test's gate, say) would not come along
+            raise TypeError(f"{type(self).__name__} cannot be opened in another process")
+        args, kwargs = self._opening
+        return _reopen, (args, kwargs)
 
     # -- error translation -------------------------------------------------------------------
 
@@ -212,3 +223,7 @@ class S3ObjectStore(ObjectStore):
     def ping(self) -> None:
         self._bucket_ready = False
         self._ensure_bucket()
+
+
+def _reopen(args: tuple, kwargs: dict) -> S3ObjectStore:
+    return S3ObjectStore(*args, **kwargs)

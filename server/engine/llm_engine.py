@@ -18,6 +18,7 @@ from server.engine.builder import EngineParts, build_engine_parts
 from server.engine.config import EngineConfig
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.errors import DuplicateRequest, PromptTooLong
+from server.engine.front import EngineFront, encode_prompt
 from server.engine.grammar import GrammarCache, advance
 from server.engine.outputs import CompletionOutput, FinishReason, RequestOutput, TokenLogprob
 from server.engine.sampling_params import SamplingParams
@@ -74,9 +75,11 @@ class LLMEngine:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS)."""
-        if self.tokenizer is None:
-            raise InvalidRequest("this model directory has no tokenizer; send token ids", param="prompt")
-        return list(self.tokenizer(prompt).input_ids)
+        return encode_prompt(self.tokenizer, prompt)
+
+    def front(self) -> EngineFront:
+        """What request handlers read of this engine (picklable, for an HTTP process beside it)."""
+        return EngineFront(self.tokenizer, self.model_config, self.max_model_len)
 
     def add_request(
         self,

@@ -107,9 +107,10 @@ def start_server(config: ServerConfig, store: ObjectStore | None = None) -> Serv
 
 
 def server_config(model: Path, **overrides: object) -> ServerConfig:
-    """A small, single-threaded server config for tests."""
+    """A small, single-threaded server config for tests. The engine runs on a thread of this process unless
+    ``engine_process=True`` (what ``loraplex server`` runs): a test may then reach the object store it reads."""
     values: dict = {"model": model, "max_model_len": 512, "pool_bytes": 4 << 20, "num_threads": 1,
-                    "internal_token": TOKEN}  # fmt: skip
+                    "internal_token": TOKEN, "engine_process": False}  # fmt: skip
     values.update(overrides)
     return ServerConfig(**values)
 

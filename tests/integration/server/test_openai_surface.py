@@ -45,7 +45,10 @@ def stored(s3_store: S3ObjectStore, peft_dir: Path, tmp_path_factory: pytest.Tem
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, adapter_root: Path, s3_store: S3ObjectStore) -> Iterator[ServerUnderTest]:
-    config = server_config(tiny_model_dir, adapter_root=adapter_root, max_n=MAX_N, max_model_len=MAX_MODEL_LEN)
+    # The engine in its own process, as `loraplex server` runs it: every route here crosses the pipe.
+    config = server_config(
+        tiny_model_dir, adapter_root=adapter_root, max_n=MAX_N, max_model_len=MAX_MODEL_LEN, engine_process=True
+    )
     yield from served(config, s3_store)
 
 
@@ -344,7 +347,7 @@ def test_metrics_expose_exactly_the_documented_names(server):
     assert metrics.value("loraplex_adapter_loads_total", tier="local") >= 1
     assert metrics.value("loraplex_time_to_first_token_seconds_count") >= 1
     assert metrics.value("loraplex_prefix_cache_queries_total") >= metrics.value("loraplex_prefix_cache_hits_total")
-    stats = server.runtime.engine.pool_stats()
+    stats = server.runtime.loop.view.pool
     assert (
         sum(metrics.value("loraplex_pool_pages", kind=kind) for kind in ("free", "adapter", "kv", "kv_cached"))
         == stats.total_pages
