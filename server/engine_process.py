@@ -128,6 +128,10 @@ class EngineProcess:
         self._conn.close()
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
     def alive(self) -> bool:
         return not self._closed and self.failure is None and self._process.is_alive()
 

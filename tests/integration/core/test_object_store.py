@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -222,3 +223,21 @@ def test_unreachable_s3_gives_clear_error(s3_bucket: str) -> None:
     store = S3ObjectStore(f"127.0.0.1:{free_port()}", "k", "s", s3_bucket, connect_timeout=0.5)
     with pytest.raises(StorageError, match="cannot reach S3"):
         store.ping()
+
+
+def test_a_store_pickles_as_its_settings_and_reopens_the_same_objects(store: ObjectStore) -> None:
+    """What the engine process receives: a store that reads what the original wrote."""
+    store.put_bytes("shared/key", b"seen from another process")
+    copy = pickle.loads(pickle.dumps(store))
+    assert type(copy) is type(store) and copy is not store
+    assert copy.get_bytes("shared/key") == b"seen from another process"
+
+
+def test_a_store_subclass_refuses_to_pickle(tmp_path: Path) -> None:
+    """A subclass's own state (a test's gate, say) would not come along: refused, not silently dropped."""
+
+    class Gated(LocalObjectStore):
+        pass
+
+    with pytest.raises(TypeError, match="Gated cannot be opened in another process"):
+        pickle.dumps(Gated(tmp_path / "objects"))

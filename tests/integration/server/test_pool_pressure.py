@@ -50,13 +50,15 @@ def alone(tiny_model_dir: Path, adapter_dirs: list[Path]) -> tuple[dict[tuple[in
 
 
 def pool_of_three(tiny_model_dir: Path, alone: tuple[object, int, int]) -> ServerConfig:
-    """A server whose pool holds RESIDENT adapters and KV_PAGES pages of KV."""
+    """A server whose pool holds RESIDENT adapters and KV_PAGES pages of KV, its engine in a process of its own
+    as `loraplex server` runs it: loads, evictions and the pool view all cross the pipe."""
     _, adapter_pages, page_bytes = alone
     return server_config(
         tiny_model_dir,
         max_model_len=256,
         pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
         max_resident_adapters=RESIDENT,
+        engine_process=True,
     )
 
 

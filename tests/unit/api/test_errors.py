@@ -1,6 +1,9 @@
-"""Mapping errors to HTTP: parameter names from validation locations, and the retry headers clients obey."""
+"""Mapping errors to HTTP: parameter names from validation locations, the retry headers clients obey, and errors
+that reach the HTTP process from the engine process whole."""
 
 from __future__ import annotations
+
+import pickle
 
 import pytest
 
@@ -35,3 +38,21 @@ def test_validation_locations_become_dotted_params(loc: tuple, param: str | None
 )
 def test_retry_headers(error: Exception, headers: dict[str, str]) -> None:
     assert error_headers(error) == headers  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RateLimited("full", retry_after=1.5, code="server_overloaded"),
+        ServiceUnavailable("down", retry_after=2.0, code="engine_failed"),
+        InvalidRequest("too long", param="prompt"),
+        NotFound("gone"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_cross_a_process_boundary_whole(error: Exception) -> None:
+    """The engine process sends its errors to the HTTP process pickled: status, code, param and retry-after
+    must arrive (pickle's default rebuilds from ``args`` and would fail on keyword-only fields)."""
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error)
+    assert copy.to_dict() == error.to_dict() and error_headers(copy) == error_headers(error)
