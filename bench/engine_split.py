@@ -10,7 +10,8 @@ order alternating between rounds, so machine noise hits both alike.
 
 Prints per mode: output tok/s, TTFT p50, inter-token latency p50/p90/p99 and p99/p50 (means over rounds), and
 the process's tok/s and ITL p99 as ratios to the thread's measured in the same rounds.
-Run: ``python bench/engine_split.py [--rounds 4] [--requests 200] [--threads 1] [--step-stretch 3]``.
+Run: ``python bench/engine_split.py [--rounds 4] [--requests 200] [--threads 1] [--step-stretch 3]
+[--step-stretch-min 1.5]``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from bench.serve_systems import OursOptions, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from bench.step_stretch import Rounds
 from core.tiny_model import TinyModelSpec, make_tiny_model
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 HIDDEN, LAYERS, ADAPTERS, CLIENTS, _, PROMPT_LEN, OUTPUT_LEN = PRESETS["quick"]
 RESIDENT = ADAPTERS // 2
@@ -46,9 +47,8 @@ def one_round(
     model_dir: Path, adapter_root: Path, workdir: Path, process: bool, args: argparse.Namespace, items: list[WorkItem]
 ) -> tuple[float, float, tuple[float, float, float]]:
     """A fresh server in one mode under ``items``: output tok/s, TTFT p50, ITL p50/p90/p99."""
-    options = OursOptions(
-        128 << 20, RESIDENT, 10.0, max(RANKS), args.threads, step_stretch=args.step_stretch, engine_process=process
-    )
+    options = OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), args.threads, step_stretch=args.step_stretch,
+                          step_stretch_min=args.step_stretch_min, engine_process=process)  # fmt: skip
     server = start_ours(model_dir, adapter_root, workdir, options)
     load = argparse.Namespace(clients=CLIENTS, requests=len(items), duration=None)
     try:
@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per server per round")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     parser.add_argument("--step-stretch", type=float, default=DEFAULT_STRETCH, help="both servers' --step-stretch")
+    parser.add_argument(
+        "--step-stretch-min", type=float, default=DEFAULT_MIN_STRETCH, help="both servers' --step-stretch-min"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="loraplex-bench-split-"))
     try:
@@ -78,7 +81,8 @@ def main() -> None:
         make_adapters(model_dir, adapter_root, ADAPTERS)
         print(f"{CLIENTS} streaming clients, {args.requests} requests a round, {ADAPTERS} adapters "
               f"({RESIDENT} resident), prompts {PROMPT_LEN}, outputs {OUTPUT_LEN}, {args.threads} engine "
-              f"thread(s), step stretch {args.step_stretch:g}; {args.rounds} rounds")  # fmt: skip
+              f"thread(s), step stretch {args.step_stretch_min:g} to {args.step_stretch:g}; "
+              f"{args.rounds} rounds")  # fmt: skip
         results = {mode: Rounds() for mode in MODES}
         for round_no in range(args.rounds):
             stream = workload(

@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument(
         "--step-stretch", type=float, default=None, help="the engine's step_stretch (default: the engine's; 0: off)"
     )
+    parser.add_argument(
+        "--step-stretch-min", type=float, default=None, help="the engine's step_stretch_min (default: the engine's)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
@@ -124,6 +127,8 @@ def main() -> None:
             step = {"step_tokens_while_decoding": args.decoding_step_tokens} if args.decoding_step_tokens else {}
             if args.step_stretch is not None:
                 step["step_stretch"] = args.step_stretch
+            if args.step_stretch_min is not None:
+                step["step_stretch_min"] = args.step_stretch_min
             llm = LLM(model_dir, pool_bytes=512 << 20, max_model_len=2048, max_lora_rank=32,
                       max_num_seqs=args.max_seqs, fair_scheduling=fair, **step)  # fmt: skip
             for i, path in enumerate(adapter_dirs[:A_ADAPTERS]):

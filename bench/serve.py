@@ -44,7 +44,7 @@ from bench.serve_stats import RequestRecord, RunSummary, ratio, same_tokens, sum
 from bench.serve_systems import OursOptions, ServerUnderTest, delta, start_baseline, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from core.tiny_model import TinyModelSpec, make_tiny_model
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 # name: (hidden, layers, adapters, clients, requests, prompt lengths, output lengths)
 PRESETS = {
@@ -79,6 +79,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--step-stretch", type=float, default=DEFAULT_STRETCH,
         help="our engine's bound on a step with prompt chunks, in decode-only steps (0: only the token budget)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--step-stretch-min", type=float, default=DEFAULT_MIN_STRETCH,
+        help="our engine's bound while the prompt backlog clears in a few steps",
     )  # fmt: skip
     parser.add_argument("--max-batch", type=int, help="baseline requests per adapter batch (default: N)")
     args = parser.parse_args()
@@ -196,6 +200,7 @@ def main() -> None:
             args.step_tokens,
             args.decoding_step_tokens,
             args.step_stretch,
+            args.step_stretch_min,
         )
         results = {}
         for label in ("ours", "PEFT"):

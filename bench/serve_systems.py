@@ -18,7 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.local_services import LOOPBACK, ManagedProcess, free_port
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 BASELINE_SCRIPT = Path(__file__).resolve().with_name("baseline_server.py")
 ADAPTER_LOADS = "loraplex_adapter_loads"
@@ -37,6 +37,7 @@ class OursOptions:
     step_tokens: int = 2048
     decoding_step_tokens: int = 256
     step_stretch: float = DEFAULT_STRETCH  # 0: the token cap only
+    step_stretch_min: float = DEFAULT_MIN_STRETCH  # the stretch while the prompt backlog is short
     engine_process: bool = True  # False: the engine on a thread of the HTTP process (--engine-thread)
 
 
@@ -185,6 +186,7 @@ def start_ours(model_dir: Path, adapter_root: Path, workdir: Path, options: Ours
         "--max-num-batched-tokens", str(options.step_tokens),
         "--step-tokens-while-decoding", str(options.decoding_step_tokens),
         "--step-stretch", str(options.step_stretch),
+        "--step-stretch-min", str(options.step_stretch_min),
         "--engine-process" if options.engine_process else "--engine-thread",
     ]  # fmt: skip
     env = child_env(workdir, options.threads)

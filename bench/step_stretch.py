@@ -1,7 +1,9 @@
 """Steady decodes against prefill speed: our server at several ``--step-stretch`` values, same HTTP load.
 
 The stretch bounds a step that carries prompt chunks beside decodes to that many times a decode-only step
-(``server/engine/step_costs.py``); 0 leaves only the token cap (``--step-tokens-while-decoding``). Workload as
+(``server/engine/step_costs.py``); 0 leaves only the token cap (``--step-tokens-while-decoding``). A value is
+``S`` (a fixed stretch: ``--step-stretch S --step-stretch-min S``) or ``MIN:MAX`` (the stretch follows the prompt
+backlog between the two, as the server's defaults ``1.5:3`` do). Workload as
 in ``bench/serve.py --quick``: a random-init Llama (hidden 256, 4 layers), 8 PEFT adapters of rank 8/16/32 with
 at most 4 resident, 8 streaming clients in a closed loop, Zipf adapter popularity, prompts of 16-128 tokens,
 8-64 out, greedy with ``ignore_eos``. Each round draws a new request sequence and runs it on a fresh server per
@@ -9,7 +11,7 @@ stretch value, values interleaved, so machine noise hits them alike.
 
 Prints per value: output tok/s, TTFT p50, inter-token latency p50/p90/p99 and p99/p50 (means over rounds), and
 each value's tok/s and ITL p99 as ratios to the first value's measured in the same rounds.
-Run: ``python bench/step_stretch.py [--stretch 0 2 3] [--rounds 3] [--requests 200]``.
+Run: ``python bench/step_stretch.py [--stretch 3 1.5 1.5:3] [--rounds 3] [--requests 200]``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from bench.serve_stats import percentile
 from bench.serve_systems import OursOptions, start_ours
 from bench.serve_workload import LengthRange, WorkItem, workload
 from core.tiny_model import TinyModelSpec, make_tiny_model
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 # The serving benchmark's quick preset: same model, adapters, clients and lengths.
 HIDDEN, LAYERS, ADAPTERS, CLIENTS, _, PROMPT_LEN, OUTPUT_LEN = PRESETS["quick"]
@@ -50,12 +52,22 @@ class Rounds:
     itl: list[tuple[float, float, float]] = field(default_factory=list)  # p50, p90, p99 in seconds
 
 
+def stretches(value: str) -> tuple[float, float]:
+    """``S`` or ``MIN:MAX`` as (step_stretch_min, step_stretch); 0 (no time bound) keeps the server's minimum."""
+    low, _, high = value.partition(":")
+    if not high:
+        fixed = float(low)
+        return (fixed or DEFAULT_MIN_STRETCH, fixed)
+    return float(low), float(high)
+
+
 def one_round(
-    model_dir: Path, adapter_root: Path, workdir: Path, stretch: float, items: list[WorkItem]
+    model_dir: Path, adapter_root: Path, workdir: Path, stretch: str, items: list[WorkItem]
 ) -> tuple[float, float, tuple[float, float, float]]:
     """A fresh server at ``stretch`` under ``items``, measured as ``bench/serve.py`` measures it: output tok/s,
     TTFT p50, ITL p50/p90/p99."""
-    options = OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), 1, 2048, 256, stretch)
+    low, high = stretches(stretch)
+    options = OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), 1, 2048, 256, high, low)
     server = start_ours(model_dir, adapter_root, workdir, options)
     load = argparse.Namespace(clients=CLIENTS, requests=len(items), duration=None)
     try:
@@ -72,8 +84,10 @@ def one_round(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--stretch", type=float, nargs="+", default=[0.0, 2.0, DEFAULT_STRETCH], help="values; the first is the base"
-    )
+        "--stretch", nargs="+", default=[f"{DEFAULT_STRETCH:g}", f"{DEFAULT_MIN_STRETCH:g}",
+                                         f"{DEFAULT_MIN_STRETCH:g}:{DEFAULT_STRETCH:g}"],
+        help="values, S or MIN:MAX; the first is the base",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200, help="requests per server per round")
     args = parser.parse_args()
@@ -98,7 +112,7 @@ def main() -> None:
                 results[value].tok_s.append(tok_s)
                 results[value].ttft_p50.append(ttft)
                 results[value].itl.append(itl)
-                print(f"round {round_no} stretch {value:g}: {tok_s:7.1f} tok/s, TTFT p50 {1e3 * ttft:6.1f} ms, "
+                print(f"round {round_no} stretch {value}: {tok_s:7.1f} tok/s, TTFT p50 {1e3 * ttft:6.1f} ms, "
                       f"ITL p50/p90/p99 {'/'.join(f'{1e3 * x:.1f}' for x in itl)} ms", flush=True)  # fmt: skip
         base = results[args.stretch[0]]
         print(f"\n{'stretch':>8} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8} {'p90':>6} {'p99':>6} {'p99/p50':>8} "
@@ -107,7 +121,7 @@ def main() -> None:
             p50, p90, p99 = (statistics.fmean(x[k] for x in r.itl) for k in range(3))
             tok_ratio = statistics.fmean(a / b for a, b in zip(r.tok_s, base.tok_s, strict=True))
             p99_ratio = statistics.fmean(a[2] / b[2] for a, b in zip(r.itl, base.itl, strict=True))
-            print(f"{value:>8g} {statistics.fmean(r.tok_s):>8.1f} {1e3 * statistics.fmean(r.ttft_p50):>7.1f}ms "
+            print(f"{value:>8} {statistics.fmean(r.tok_s):>8.1f} {1e3 * statistics.fmean(r.ttft_p50):>7.1f}ms "
                   f"{1e3 * p50:>6.1f}ms {1e3 * p90:>6.1f} {1e3 * p99:>6.1f} {p99 / p50:>8.2f} "
                   f"{tok_ratio:>15.2f} {p99_ratio:>17.2f}")  # fmt: skip
     finally:

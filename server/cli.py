@@ -52,10 +52,17 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option(
                 help="A step carrying prompt chunks beside decodes takes at most this many times a decode-only step "
-                "(measured as the server runs), within --step-tokens-while-decoding. Lower: steadier inter-token "
-                "latency; higher: faster prefill. 0: no time bound, only the token cap."
+                "(measured as the server runs), within --step-tokens-while-decoding, when prompts back up. Lower: "
+                "steadier inter-token latency; higher: faster prefill. 0: no time bound, only the token cap."
             ),
         ] = 3.0,
+        step_stretch_min: Annotated[
+            float,
+            typer.Option(
+                help="The stretch while the prompts waiting would clear within a few steps anyway (a streaming or chat "
+                "load); it rises towards --step-stretch as prompts back up."
+            ),
+        ] = 1.5,
         max_lora_rank: Annotated[
             int | None, typer.Option(help="Largest adapter rank (default: LORAPLEX_MAX_LORA_RANK).")
         ] = None,
@@ -136,6 +143,7 @@ def register(app: typer.Typer) -> None:
                 max_num_batched_tokens=max_num_batched_tokens,
                 step_tokens_while_decoding=step_tokens_while_decoding,
                 step_stretch=step_stretch,
+                step_stretch_min=step_stretch_min,
                 max_lora_rank=max_lora_rank or settings.max_lora_rank,
                 max_resident_adapters=max_resident_adapters,
                 max_adapters_per_batch=max_adapters_per_batch,

@@ -9,7 +9,7 @@ from pathlib import Path
 from core.errors import ConfigError
 from core.protocol import HEARTBEAT_S
 from server.engine import EngineConfig
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 
@@ -32,6 +32,7 @@ class ServerConfig:
     max_num_batched_tokens: int = 2048  # per engine step; smaller keeps decodes flowing while prompts prefill
     step_tokens_while_decoding: int | None = 256  # per step while anything decodes; None: max_num_batched_tokens
     step_stretch: float = DEFAULT_STRETCH  # a step with prompt chunks: at most this x a decode-only one; 0: off
+    step_stretch_min: float = DEFAULT_MIN_STRETCH  # ... and this while the prompt backlog clears in a few steps
     max_lora_rank: int = 64
     max_resident_adapters: int = 32
     max_adapters_per_batch: int | None = None  # None: as many as are resident
@@ -84,6 +85,8 @@ class ServerConfig:
             raise ConfigError("--step-tokens-while-decoding must be >= 1")
         if self.step_stretch != 0 and not self.step_stretch > 1.0:
             raise ConfigError("--step-stretch must be above 1 (or 0: no time bound)")
+        if not self.step_stretch_min > 1.0:
+            raise ConfigError("--step-stretch-min must be above 1")
         if self.adapter_idle_ttl <= 0 or self.host_idle_ttl <= 0:
             raise ConfigError("--adapter-idle-ttl and --host-idle-ttl must be > 0 seconds")
         if self.host_idle_ttl < self.adapter_idle_ttl:
@@ -117,6 +120,7 @@ class ServerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             step_tokens_while_decoding=self.step_tokens_while_decoding,
             step_stretch=self.step_stretch,
+            step_stretch_min=self.step_stretch_min,
             max_adapters=self.max_resident_adapters,
             max_adapters_per_batch=self.adapters_per_batch,
             adapter_turn_steps=self.adapter_turn_steps,

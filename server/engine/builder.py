@@ -138,7 +138,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         AdapterTurns(config.max_adapters_per_batch or config.max_adapters, config.adapter_turn_steps),
         fcfs=not config.fair_scheduling,
         step_tokens_while_decoding=config.step_tokens_while_decoding,
-        costs=StepCosts(config.step_stretch) if config.step_stretch else None,
+        costs=StepCosts(config.step_stretch, config.step_stretch_min) if config.step_stretch else None,
     )
     buffers = StepBuffers(
         config.max_num_batched_tokens, config.max_num_seqs, blocks_for(max_model_len, config.block_size), device

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import ConfigError
-from server.engine.step_costs import DEFAULT_STRETCH
+from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -31,6 +31,8 @@ class EngineConfig:
     # Within that cap, a step carrying prompt chunks beside decodes may take at most this many times a decode-only
     # step, by step costs measured online (server.engine.step_costs); 0: no time bound, only the cap.
     step_stretch: float = DEFAULT_STRETCH
+    # ... and only as much above this as clearing the prompt backlog in a few steps needs (at most step_stretch).
+    step_stretch_min: float = DEFAULT_MIN_STRETCH
     enable_prefix_caching: bool = True  # reuse full KV pages of equal prefixes under the same adapter
     fair_scheduling: bool = True  # admit by priority class, then weighted fair share of tokens per tenant; off: FCFS
     max_adapters: int = 32  # adapter slots resident at once
@@ -61,6 +63,8 @@ class EngineConfig:
             raise ConfigError("EngineConfig.step_tokens_while_decoding must be >= 1")
         if self.step_stretch != 0 and not self.step_stretch > 1.0:
             raise ConfigError("EngineConfig.step_stretch must be above 1 (or 0: no time bound)")
+        if not self.step_stretch_min > 1.0:
+            raise ConfigError("EngineConfig.step_stretch_min must be above 1")
         for name in (
             "max_num_seqs",
             "max_num_batched_tokens",

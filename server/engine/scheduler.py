@@ -16,13 +16,14 @@ beside running sequences, so their pages come free.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
 from server.engine.adapter_turns import AdapterTurns
 from server.engine.fair_queue import FairQueue
 from server.engine.sequence import Sequence, SequenceStatus
-from server.engine.step_costs import StepCosts
+from server.engine.step_costs import BACKLOG_STEPS, StepCosts
 from server.memory.block_manager import BlockManager
 
 
@@ -133,7 +134,11 @@ class Scheduler:
         prefill = budget
         if decoding and self.enable_chunked_prefill:
             # Step costs bound prompt chunks beside decodes in time too (server.engine.step_costs).
-            prefill = room if self.costs is None else self.costs.prompt_budget(decoding, room, page)
+            if self.costs is not None:
+                backlog = self._prompt_backlog(room * BACKLOG_STEPS)
+                prefill = self.costs.prompt_budget(decoding, room, page, backlog)
+            else:
+                prefill = room
         if not decoding:
             reserved = 0
         # While others decode, a quiet tenant's first chunk goes first and alone, within the token cap but not the
@@ -192,6 +197,16 @@ class Scheduler:
         # Stable sort: adapter slot order, FCFS within an adapter.
         out.scheduled.sort(key=lambda s: s.seq.adapter_slot)
         return out
+
+    def _prompt_backlog(self, cap: int) -> int:
+        """Prompt tokens left to compute, of running prefills and waiting sequences, counted up to ``cap``."""
+        total = 0
+        for seq in itertools.chain(self.running, self.waiting):
+            if seq.num_uncomputed_tokens > 1:  # a decode has exactly one
+                total += seq.num_uncomputed_tokens
+                if total >= cap:
+                    break
+        return total
 
     def _make_room_for_fair_share(self, out: SchedulerOutput) -> int:
         """While other tenants wait, nobody keeps more than its share. If the next sequence to start belongs to a

@@ -274,7 +274,7 @@ def test_while_sequences_decode_prefill_chunks_get_what_is_left_of_a_smaller_ste
 
 
 def test_with_step_costs_prompt_chunks_beside_decodes_fit_the_stretch_of_a_decode_only_step():
-    costs = StepCosts(stretch=2.0)
+    costs = StepCosts(stretch=2.0, min_stretch=2.0)  # a fixed stretch, whatever the backlog
     for decodes in (2, 4, 8, 12) * 4:  # 3 ms a step plus 0.25 ms a decode; a prompt token costs 0.125 ms
         costs.observe(decodes, 0, 3e-3 + 0.25e-3 * decodes)
     costs.observe(8, 64, 3e-3 + 0.25e-3 * 8 + 0.125e-3 * 64)
@@ -283,3 +283,26 @@ def test_with_step_costs_prompt_chunks_beside_decodes_fit_the_stretch_of_a_decod
     out = scheduler.schedule()
     # A decode-only step of 8 takes 5 ms; a stretch of 2 leaves 5 ms for the prompt: 40 tokens, not 256 - 8.
     assert plan(out)[:8] == [(i, 1) for i in range(8)] and plan(out)[8] == (100, 40)
+
+
+def test_prompt_chunks_beside_decodes_grow_with_the_prompt_backlog():
+    """One prompt waiting: chunks within the steady stretch (it clears in a few steps anyway). A backlog of long
+    prompts: chunks up to the full stretch, so their first tokens do not wait on a trickle."""
+    costs = StepCosts(stretch=3.0, min_stretch=1.5)
+    for decodes in (2, 4, 8, 12) * 4:  # 3 ms a step plus 0.25 ms a decode; a prompt token costs 0.125 ms
+        costs.observe(decodes, 0, 3e-3 + 0.25e-3 * decodes)
+    costs.observe(8, 64, 3e-3 + 0.25e-3 * 8 + 0.125e-3 * 64)
+    # A decode-only step of 8 takes 5 ms, 40 prompt tokens' worth: stretch 1.5 leaves 20 tokens, stretch 3 80.
+    scheduler = eight_decoding(256, costs)
+    scheduler.add(make_seq(100, 240))  # 240 / BACKLOG_STEPS = 15: the steady stretch's 20 are more
+    assert plan(scheduler.schedule())[8] == (100, 20)
+
+    scheduler = eight_decoding(256, costs)
+    scheduler.add(make_seq(100, 800))  # 800 / BACKLOG_STEPS = 50
+    assert plan(scheduler.schedule())[8] == (100, 50)
+
+    scheduler = eight_decoding(256, costs)
+    for i in range(6):
+        scheduler.add(make_seq(100 + i, 400))  # 2,400 prompt tokens waiting: the full stretch
+    out = scheduler.schedule()
+    assert sum(n for _, n in plan(out)[8:]) == 80

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.engine.step_costs import StepCosts
+from server.engine.step_costs import BACKLOG_STEPS, StepCosts
 
 
 def device(fixed: float, per_decode: float, per_prompt_token: float, noise: float = 0.0, seed: int = 0):
@@ -69,6 +69,23 @@ def test_the_budget_grows_with_the_decodes_and_with_the_stretch():
     assert loose.prompt_budget(8, 100_000, 16) > tight.prompt_budget(8, 100_000, 16)
 
 
+def test_the_budget_follows_the_backlog_between_the_two_stretches():
+    """A prompt or two waiting clear within the steady stretch; a backlog gets what clears it in BACKLOG_STEPS
+    steps, up to the full stretch."""
+    step = device(3e-3, 0.4e-3, 0.15e-3)
+    costs = StepCosts(stretch=3.0, min_stretch=1.5)
+    learn(costs, step)
+    decodes, unbounded = 8, 100_000
+    steady = costs.prompt_budget(decodes, unbounded, 16, backlog=0)
+    assert step(decodes, steady) <= 1.5 * step(decodes, 0) * (1 + 1e-9) < step(decodes, steady + 1)
+    assert costs.prompt_budget(decodes, unbounded, 16, backlog=steady * BACKLOG_STEPS) == steady
+    between = costs.prompt_budget(decodes, unbounded, 16, backlog=2 * steady * BACKLOG_STEPS)
+    assert between == 2 * steady
+    flooded = costs.prompt_budget(decodes, unbounded, 16, backlog=unbounded)
+    assert flooded == costs.prompt_budget(decodes, unbounded, 16)  # no backlog given: the full stretch
+    assert step(decodes, flooded) <= 3.0 * step(decodes, 0) * (1 + 1e-9) < step(decodes, flooded + 1)
+
+
 def test_the_token_caps_room_and_a_page_bound_the_budget():
     slow = StepCosts(stretch=1.1)
     learn(slow, device(1e-3, 0.1e-3, 5e-3))  # prompt tokens so dear that the stretch leaves less than a page
@@ -102,13 +119,14 @@ def test_one_batch_size_only_gives_a_flat_line_not_a_wild_slope():
     noise=st.floats(0.0, 0.3),
     decodes=st.integers(1, 64),
     most=st.integers(16, 4096),
+    backlog=st.one_of(st.none(), st.integers(0, 100_000)),
 )
 def test_the_budget_is_always_within_a_page_and_the_token_caps_room(
-    fixed, per_decode, per_prompt_token, noise, decodes, most
+    fixed, per_decode, per_prompt_token, noise, decodes, most, backlog
 ):
     costs = StepCosts()
     learn(costs, device(fixed, per_decode, per_prompt_token, noise), rounds=60)
-    assert 16 <= costs.prompt_budget(decodes, most, 16) <= most
+    assert 16 <= costs.prompt_budget(decodes, most, 16, backlog) <= most
 
 
 def test_a_stretch_of_one_or_less_is_refused():
