@@ -183,7 +183,10 @@ def serve(config: ServerConfig, store: ObjectStore | None, conn: Connection, log
     """The engine process's main: build the engine, say it is ready (or why it cannot be), run the loop until
     the HTTP process says stop or goes away, then say how the loop ended."""
     logging.basicConfig(level=log_level, format=LOG_FORMAT)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the HTTP process stops us
+    # Ctrl-C, or a supervisor's SIGTERM to the whole group, is the HTTP process's to handle: it drains its streams
+    # (which needs this loop) and then stops us; if it dies instead, the pipe's end stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     outbox = Outbox(conn)
     try:
         local = LocalEngine(config, cast(ServerMetrics, RelayedMetrics(outbox)), store)

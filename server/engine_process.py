@@ -117,12 +117,9 @@ class EngineProcess:
             self._send(("stop",))
         self._process.join(timeout)
         if self._process.is_alive():
-            log.warning("the engine process did not stop within %.0f s; terminating it", timeout)
-            self._process.terminate()
-            self._process.join(2.0)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
+            log.warning("the engine process did not stop within %.0f s; killing it", timeout)
+            self._process.kill()  # it ignores SIGTERM (see server.engine_child.serve)
+            self._process.join()
         if self._reader.is_alive():
             self._reader.join(timeout)
         self._conn.close()
