@@ -22,6 +22,7 @@ Counts of waiting and running requests are kept here, from the same events the i
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import itertools
 import logging
@@ -78,6 +79,9 @@ class EngineProcess:
         )
         self._process.start()
         child_conn.close()  # ours closed, the child's end is its only one: its exit reads as EOF here
+        # Registered after multiprocessing's own exit hook, so it runs first: that hook terminates daemonic children
+        # and then joins them without a timeout, and the engine process ignores SIGTERM.
+        atexit.register(self._kill_if_alive)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards what follows
         self._tracked: dict[str, _Tracked] = {}
@@ -95,13 +99,13 @@ class EngineProcess:
         try:
             (message,) = self._conn.recv()
         except (EOFError, OSError):
-            self._process.join(STOP_TIMEOUT_S)
+            self._reap()
             raise ServiceUnavailable(
                 f"the engine process exited with code {self._process.exitcode} before it was ready; see its log",
                 code="engine_failed",
             ) from None
         if message[0] == "failed":
-            self._process.join(STOP_TIMEOUT_S)
+            self._reap()
             raise message[1]
         _, front, view = message
         return front, view
@@ -112,14 +116,10 @@ class EngineProcess:
         self._reader.start()
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Ask the engine process to stop, and make sure it has: it is terminated when it does not in time."""
+        """Ask the engine process to stop, and make sure it has: it is killed when it does not in time."""
         with contextlib.suppress(ServiceUnavailable):
             self._send(("stop",))
-        self._process.join(timeout)
-        if self._process.is_alive():
-            log.warning("the engine process did not stop within %.0f s; killing it", timeout)
-            self._process.kill()  # it ignores SIGTERM (see server.engine_child.serve)
-            self._process.join()
+        self._reap(timeout)
         if self._reader.is_alive():
             self._reader.join(timeout)
         self._conn.close()
@@ -177,6 +177,19 @@ class EngineProcess:
         return drained
 
     # ----- internals ---------------------------------------------------------------------------------------
+
+    def _kill_if_alive(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()  # it ignores SIGTERM (see server.engine_child.serve)
+            self._process.join(STOP_TIMEOUT_S)
+
+    def _reap(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Make sure the engine process has ended: it is killed if it has not within ``timeout``."""
+        self._process.join(timeout)
+        if self._process.is_alive():
+            log.warning("the engine process did not end within %.0f s; killing it", timeout)
+            self._kill_if_alive()
+        atexit.unregister(self._kill_if_alive)
 
     def _send(self, message: Message) -> None:
         try:

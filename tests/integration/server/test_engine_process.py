@@ -1,11 +1,14 @@
 """The engine in a process of its own (``loraplex server``'s default): what crosses the pipe besides the OpenAI
-surface (``test_openai_surface`` runs every route this way): a start failure with its reason, a client leaving
-mid-stream, and an engine process that dies under a running stream."""
+surface (``test_openai_surface`` runs every route this way): a start failure with its reason, an HTTP process
+that exits without stopping it, a client leaving mid-stream, and an engine process that dies under a running
+stream."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,6 +22,7 @@ from server.engine_process import EngineProcess
 from server.metrics import ServerMetrics
 from tests.integration.server.harness import NO_EOS, ServerUnderTest, running, server_config, wait_until
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
 LONG = 2000  # tokens: a request that is still running whenever the test looks
 PROMPT = "Once upon a time"
 
@@ -34,6 +38,25 @@ def test_an_engine_that_cannot_start_says_why_across_the_pipe(tiny_model_dir: Pa
     (model / "config.json").write_text(config)
     with pytest.raises(ConfigError, match="model_type 'gpt2' is not served"):
         EngineProcess(server_config(model, engine_process=True), ServerMetrics(), None)
+
+
+def test_an_http_process_that_exits_without_stopping_its_engine_exits_and_takes_it_along(
+    tiny_model_dir: Path,
+) -> None:
+    """multiprocessing's exit hook sends daemonic children SIGTERM and then joins them without a timeout; the
+    engine process ignores SIGTERM (its HTTP process drains first), so our own hook must end it first."""
+    script = (
+        "from server.engine_process import EngineProcess\n"
+        "from server.metrics import ServerMetrics\n"
+        "from tests.integration.server.harness import server_config\n"
+        f"engine = EngineProcess(server_config({str(tiny_model_dir)!r}, engine_process=True), ServerMetrics(), None)\n"
+        "engine.start()\n"
+        "print(engine.pid, flush=True)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(run.stdout.split()[-1]), 0)
 
 
 def test_a_client_gone_mid_stream_frees_its_pages_and_counts(tiny_model_dir: Path) -> None:
