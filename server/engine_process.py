@@ -100,12 +100,14 @@ class EngineProcess:
             (message,) = self._conn.recv()
         except (EOFError, OSError):
             self._reap()
+            self._conn.close()
             raise ServiceUnavailable(
                 f"the engine process exited with code {self._process.exitcode} before it was ready; see its log",
                 code="engine_failed",
             ) from None
         if message[0] == "failed":
             self._reap()
+            self._conn.close()
             raise message[1]
         _, front, view = message
         return front, view
