@@ -25,9 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # this process only drives the lo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
-from bench.common import RANKS
-from bench.serve_systems import OursOptions
-from bench.step_stretch import RESIDENT, compare
+from bench.step_stretch import compare, quick_options
 from server.engine.step_costs import DEFAULT_MIN_STRETCH, DEFAULT_STRETCH
 
 
@@ -42,16 +40,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     variants = {
-        f"engine {mode}": OursOptions(
-            128 << 20,
-            RESIDENT,
-            10.0,
-            max(RANKS),
-            args.threads,
-            step_stretch=args.step_stretch,
-            step_stretch_min=args.step_stretch_min,
-            engine_process=mode == "process",
-        )
+        f"engine {mode}": quick_options(args.step_stretch_min, args.step_stretch, args.threads, mode == "process")
         for mode in ("thread", "process")
     }
     setting = f"{args.threads} engine thread(s), step stretch {args.step_stretch_min:g} to {args.step_stretch:g}"

@@ -61,9 +61,9 @@ def stretches(value: str) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def options_for(stretch: str) -> OursOptions:
-    low, high = stretches(stretch)
-    return OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), 1, 2048, 256, high, low)
+def quick_options(low: float, high: float, threads: int = 1, engine_process: bool = True) -> OursOptions:
+    """Our server for the quick load: ``--step-stretch-min low --step-stretch high``."""
+    return OursOptions(128 << 20, RESIDENT, 10.0, max(RANKS), threads, 2048, 256, high, low, engine_process)
 
 
 def measure_round(
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200, help="requests per server per round")
     args = parser.parse_args()
-    variants = {f"stretch {value}": options_for(value) for value in args.stretch}
+    variants = {f"stretch {value}": quick_options(*stretches(value)) for value in args.stretch}
     compare(variants, args.rounds, args.requests, f"stretch {' '.join(args.stretch)}")
 
 

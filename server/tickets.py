@@ -70,7 +70,7 @@ class EngineTicket:
 
     @property
     def adapter_key(self) -> str | None:
-        return self.request.adapter.key if self.request.adapter is not None else None
+        return self.adapter.key if self.adapter is not None else None
 
     @property
     def prompt_token_ids(self) -> list[int]:
