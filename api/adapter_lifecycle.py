@@ -19,6 +19,7 @@ from core.adapter_format import (
     AdapterFileError,
     AdapterSpec,
 )
+from core.audit import record_deletion
 from core.descriptor import adapter_prefix
 from core.errors import InvalidRequest
 from core.ids import now
@@ -94,6 +95,7 @@ def uploaded_adapter_row(
         alpha=widest.alpha,
         target_modules=[name for name in base.shapes.modules.names if name in adapted],
         size_bytes=sum(info.size for info in stored.values()),
+        base_fingerprint=base.fingerprint.digest if base.fingerprint else None,
     )
 
 
@@ -106,4 +108,5 @@ def retire_adapter(ctx: ApiContext, adapter: Adapter) -> None:
         if row is not None and row.deleted_at is None:
             row.deleted_at = now()
             session.add(row)
-    ctx.announce_adapter_event("unload", adapter.descriptor())
+            record_deletion(session, row, cause=f"tenant:{row.tenant_id}", reason="deleted")
+    ctx.announce_adapter_event("unload", adapter.descriptor(), cause=f"tenant:{adapter.tenant_id}")

@@ -13,6 +13,7 @@ from api.errors import install_error_handlers
 from api.routers import (
     adapters,
     admin,
+    audit,
     completions,
     dashboard,
     files,
@@ -34,6 +35,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     completions.router,
     usage.router,
     admin.router,
+    audit.router,
     tenant_limits.router,
     dashboard.router,
 )

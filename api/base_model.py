@@ -4,6 +4,7 @@ its ``config.json``."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,13 @@ from typing import Any
 
 from core.adapter_format import BaseShapes
 from core.base_catalogue import BaseEntry, base_catalogue
+from core.base_fingerprint import BaseFingerprint, fingerprint_base
 from core.errors import ConfigError
 from core.model_sizes import ModelSizes
 from core.model_source import resolve_model_dir
 from core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,12 @@ class BaseModelInfo:
     config: dict[str, Any]  # the model's config.json
     shapes: BaseShapes  # what an uploaded adapter must fit
     created: int  # Unix seconds, shown in /v1/models
+    fingerprint: BaseFingerprint | None = None  # None when the API sees the config but not the weights
+
+    def same_weights(self, other: BaseModelInfo) -> bool:
+        """Both fingerprints are known and equal: an adapter made on one fits the other exactly."""
+        mine, theirs = self.fingerprint, other.fingerprint
+        return mine is not None and theirs is not None and mine.digest == theirs.digest
 
     @property
     def context_length(self) -> int | None:
@@ -49,6 +59,10 @@ class BaseModels:
 
     def __iter__(self) -> Iterator[BaseModelInfo]:
         return iter(self._by_name.values())
+
+    def made_on(self, fingerprint: str) -> BaseModelInfo | None:
+        """The base whose weights have ``fingerprint``, if one is served."""
+        return next((b for b in self if b.fingerprint is not None and b.fingerprint.digest == fingerprint), None)
 
     @property
     def names(self) -> list[str]:
@@ -79,4 +93,16 @@ def _load(entry: BaseEntry, setting: str) -> BaseModelInfo:
         shapes = ModelSizes.from_hf_config(config).base_shapes()
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{config_path} ({setting}: {entry.name!r}) is not a Llama-family config: {exc!r}") from exc
-    return BaseModelInfo(name=entry.name, path=path, config=config, shapes=shapes, created=created)
+    try:
+        fingerprint = fingerprint_base(path, entry.name)
+    except FileNotFoundError:
+        log.warning(
+            "%s (%s) has no safetensors weights here: uploads for it are checked by shape, and by fingerprint only "
+            "on the servers",
+            path,
+            setting,
+        )
+        fingerprint = None
+    return BaseModelInfo(
+        name=entry.name, path=path, config=config, shapes=shapes, created=created, fingerprint=fingerprint
+    )

@@ -80,9 +80,10 @@ class ApiContext:
                 log.exception("could not remove the objects of a row that was not inserted")
             raise
 
-    def announce_adapter_event(self, event: str, adapter: AdapterDescriptor) -> None:
-        """Publish ``{"event", "adapter"}`` on the adapter events channel (best effort: logged on failure)."""
-        message = json.dumps({"event": event, "adapter": adapter.model_dump(mode="json")})
+    def announce_adapter_event(self, event: str, adapter: AdapterDescriptor, *, cause: str | None = None) -> None:
+        """Publish ``{"event", "adapter", "cause"}`` on the adapter events channel (best effort: logged on
+        failure); ``cause`` reaches the replicas' audit events."""
+        message = json.dumps({"event": event, "adapter": adapter.model_dump(mode="json"), "cause": cause})
         try:
             self.events.publish(ADAPTER_EVENTS_CHANNEL, message)
         except (redis.RedisError, OSError):

@@ -33,6 +33,9 @@ class AdapterDescriptor(BaseModel):
     sha256: str = Field(description="sha256 of adapter_model.safetensors.")
     config_sha256: str = Field(description="sha256 of adapter_config.json.")
     rank: int = Field(ge=1)
+    base_fingerprint: str | None = Field(
+        default=None, max_length=80, description="Fingerprint of the base it was made on (core.base_fingerprint)."
+    )
 
     @property
     def weights_key(self) -> str:

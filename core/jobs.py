@@ -13,6 +13,7 @@ from celery import Celery
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select, SelectOfScalar
 
+from core.audit import record_deletion
 from core.errors import NotFound
 from core.ids import now
 from core.job_states import JobStatus, check_move, mark_ended
@@ -104,12 +105,13 @@ def end_job(
     record_event(session, job, message, level="error" if status == JobStatus.FAILED else "info")
 
 
-def retire_adapter_row(session: Session, adapter: Adapter) -> bool:
-    """Mark ``adapter`` deleted and give its model name up (a checkpoint's name comes back when a resumed job
-    reaches that step again); True when it was live."""
+def retire_adapter_row(session: Session, adapter: Adapter, *, cause: str, reason: str) -> bool:
+    """Mark ``adapter`` deleted (recording it in the audit trail) and give its model name up (a checkpoint's
+    name comes back when a resumed job reaches that step again); True when it was live."""
     was_live = adapter.deleted_at is None
     if was_live:
         adapter.deleted_at = now()
+        record_deletion(session, adapter, cause=cause, reason=reason)
     if "#retired-" not in adapter.name:
         adapter.name = f"{adapter.name}#retired-{adapter.id}"
     session.add(adapter)
@@ -136,7 +138,9 @@ def retire_checkpoints(session: Session, job_id: str, *, keep: int) -> list[Adap
     retired = []
     for row in rows[keep:]:
         adapter = session.get(Adapter, row.adapter_id)
-        if adapter is not None and retire_adapter_row(session, adapter):
+        if adapter is not None and retire_adapter_row(
+            session, adapter, cause=f"job:{job_id}", reason="checkpoint_kept_last"
+        ):
             retired.append(adapter)
         session.delete(row)
     return retired

@@ -130,6 +130,8 @@ class Adapter(SQLModel, table=True):
     alpha: float
     target_modules: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     size_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    # The base it was made on (core.base_fingerprint); None for adapters registered before it was kept.
+    base_fingerprint: str | None = Field(default=None, max_length=80)
     created_at: int = Field(default_factory=now)
     deleted_at: int | None = None
 
@@ -143,6 +145,7 @@ class Adapter(SQLModel, table=True):
             sha256=self.sha256,
             config_sha256=self.config_sha256,
             rank=self.rank,
+            base_fingerprint=self.base_fingerprint,
         )
 
 
@@ -190,4 +193,31 @@ class UsageRecord(SQLModel, table=True):
     ttft_ms: float | None = None
     cold_start: bool = False
     status: str | None = Field(default=None, max_length=32)
+    created_at: int = Field(default_factory=now)
+
+
+class AuditEvent(SQLModel, table=True):
+    """One thing done to an adapter's bytes: a replica verified, refused, loaded or evicted it, or the control
+    plane deleted it (``core.audit``). Rows are written once and never changed; ids sort by when they were
+    stored, ``at`` says when it happened (the replica's clock for replica events)."""
+
+    __tablename__ = "audit_event"
+    __table_args__ = (
+        Index("ix_audit_tenant_id", "tenant_id", "id"),
+        Index("ix_audit_adapter_id", "adapter_id", "id"),
+        Index("ix_audit_at", "at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    at: float
+    action: str = Field(max_length=16)  # core.audit.AuditAction
+    tenant_id: str | None = Field(default=None, max_length=40)  # None: an adapter no tenant owns (a local one)
+    adapter_id: str | None = Field(default=None, max_length=40)
+    adapter_name: str | None = Field(default=None, max_length=512)
+    replica: str | None = Field(default=None, max_length=255)  # None: the control plane
+    sha256: str | None = Field(default=None, max_length=64)  # of adapter_model.safetensors
+    tier: str | None = Field(default=None, max_length=16)  # where the bytes came from or left
+    reason: str | None = Field(default=None, max_length=64)
+    cause: str | None = Field(default=None, max_length=128)  # request:<id>, job:<id>, tenant:<id>
+    detail: str | None = Field(default=None, max_length=1000)
     created_at: int = Field(default_factory=now)

@@ -17,10 +17,14 @@ did not).
 
 Discovery: every server writes its :class:`ReplicaStatus` as JSON to :func:`replica_key` every
 :data:`HEARTBEAT_S` seconds with a TTL of :data:`REPLICA_TTL_S`; a replica whose key expired is gone.
-Adapter residency is reported as increments on the Redis stream :data:`RESIDENCY_STREAM`.
+Adapter residency is reported as increments on the Redis stream :data:`RESIDENCY_STREAM`, and what a
+replica does to adapters' bytes (verify, refuse, load, evict) as :class:`AdapterAuditEvent` entries on
+:data:`AUDIT_STREAM` (field ``event``: its JSON), which the API stores as the audit trail.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +38,9 @@ HEARTBEAT_S = 2.0
 REPLICA_TTL_S = 10.0
 RESIDENCY_STREAM = "loraplex:residency"  # entries: adapter_id, page_seconds, replica, at (unix seconds)
 RESIDENCY_STREAM_MAXLEN = 100_000
+AUDIT_STREAM = "loraplex:audit"
+AUDIT_STREAM_MAXLEN = 100_000
+CAUSE_PATTERN = r"^[A-Za-z0-9_.:@/-]{1,128}$"  # request:<id>, job:<id>, tenant:<id>: what caused a load or unload
 
 
 def replica_key(replica_id: str) -> str:
@@ -98,3 +105,20 @@ class ReplicaStatus(BaseModel):
     def overloaded(self) -> bool:
         """Its waiting queue is at least three quarters full: route new work elsewhere if possible."""
         return self.waiting >= 0.75 * self.max_waiting
+
+
+class AdapterAuditEvent(BaseModel):
+    """One thing a replica did to an adapter's bytes, for the audit trail (``core.audit``)."""
+
+    action: Literal["verify", "refuse", "load", "evict"]
+    adapter_id: str | None = Field(description="The adapter's id; None for a server's local adapters.")
+    adapter_name: str
+    sha256: str | None = Field(default=None, description="Of adapter_model.safetensors, where the replica knows it.")
+    tier: str = Field(description="Where the bytes came from (store, local, host) or where they left (pool, host).")
+    reason: str = Field(
+        description="request, prefetch; idle, pressure, unload, manual, host_idle, host_lru; an error code."
+    )
+    cause: str | None = Field(default=None, description="The request or job behind it: request:<id>, job:<id>.")
+    detail: str | None = Field(default=None, max_length=1000, description="A refusal's message.")
+    at: float = Field(description="Unix seconds.")
+    replica: str = ""

@@ -78,10 +78,13 @@ class CompletionService:
         params = sampling_params(body, len(prompt), front.max_model_len, runtime.config.max_n, grammar)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         request_id = f"{prefix}-{uuid.uuid4().hex}"
+        # The id the client (or the API) knows the request by names it in the audit trail of loads it causes.
+        known_as = request.headers.get(REQUEST_ID_HEADER) or request_id
+        cause = f"request:{known_as}"[:128]
         ticket = Ticket.create(
-            EngineRequest(request_id, adapter, prompt, params, arrival, tenancy(body), body.cache_salt)
+            EngineRequest(request_id, adapter, prompt, params, arrival, tenancy(body), body.cache_salt, cause)
         )
-        headers = {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER) or ticket.request_id}
+        headers = {REQUEST_ID_HEADER: known_as}
         runtime.loop.submit(ticket)
         try:
             await unless_disconnected(request, ticket.admitted)

@@ -16,10 +16,12 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from core.errors import LoraplexError
+from core.protocol import AdapterAuditEvent
 from core.settings import LOG_FORMAT
 from core.storage import ObjectStore
 from server.config import ServerConfig
@@ -62,6 +64,9 @@ class Outbox:
     def observe(self, name: str, value: float) -> None:
         with self._lock:
             self._observations.setdefault(name, []).append(value)
+
+    def audit(self, event: AdapterAuditEvent) -> None:
+        self.put(("audit", event))
 
     def flush(self) -> None:
         with self._lock:
@@ -164,16 +169,19 @@ class EngineService:
             if cancelled is not None:
                 self.loop.cancel(cancelled)
         elif kind == "want":
-            _, call, known, pinned = message
-            self.loop.request_adapter(known, lambda error: self.outbox.put(("answer", call, error)), pinned=pinned)
+            _, call, known, pinned, cause = message
+            self.loop.request_adapter(known, partial(self._answer, call), pinned=pinned, cause=cause)
         elif kind == "forget":
-            self.loop.forget(message[1])
+            self.loop.forget(message[1], message[2])
         elif kind == "residency":
             call = message[1]
             self.loop.post(lambda: self.outbox.put(("answer", call, self.loop.drain_residency())))
         elif kind == "stop":
             return False
         return True
+
+    def _answer(self, call: int, value: Any) -> None:
+        self.outbox.put(("answer", call, value))
 
     def _end(self, request_id: str) -> None:
         self._tickets.pop(request_id, None)
@@ -189,7 +197,7 @@ def serve(config: ServerConfig, store: ObjectStore | None, conn: Connection, log
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     outbox = Outbox(conn)
     try:
-        local = LocalEngine(config, cast(ServerMetrics, RelayedMetrics(outbox)), store)
+        local = LocalEngine(config, cast(ServerMetrics, RelayedMetrics(outbox)), store, outbox.audit)
     except Exception as exc:
         outbox.send([("failed", _picklable(exc))])
         return

@@ -141,8 +141,11 @@ class EngineLoop:
         with contextlib.suppress(ServiceUnavailable):  # the thread ended and answered every ticket already
             self.post(lambda: self._on_cancel(ticket))
 
-    def request_adapter(self, adapter: KnownAdapter, waiter: Waiter, *, pinned: bool | None = None) -> None:
-        """Load ``adapter`` into the pool; ``waiter`` runs on the engine thread with the outcome."""
+    def request_adapter(
+        self, adapter: KnownAdapter, waiter: Waiter, *, pinned: bool | None = None, cause: str | None = None
+    ) -> None:
+        """Load ``adapter`` into the pool (a prefetch, in the audit trail, caused by ``cause``); ``waiter`` runs
+        on the engine thread with the outcome."""
         manager = self.manager
         assert manager is not None
 
@@ -152,7 +155,7 @@ class EngineLoop:
             waiter(error)
 
         def job() -> None:
-            manager.want(adapter.key, adapter.source, outcome, self.clock())
+            manager.want(adapter.key, adapter.source, outcome, self.clock(), reason="prefetch", cause=cause)
             if pinned is not None:
                 manager.pin(adapter.key, pinned)
 
@@ -161,11 +164,13 @@ class EngineLoop:
         except ServiceUnavailable as exc:
             waiter(exc)
 
-    def wait_resident(self, adapter: KnownAdapter, *, pinned: bool | None = None) -> asyncio.Future[None]:
+    def wait_resident(
+        self, adapter: KnownAdapter, *, pinned: bool | None = None, cause: str | None = None
+    ) -> asyncio.Future[None]:
         """:meth:`request_adapter` for the event loop: the future fails with the reason it cannot be loaded."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self.request_adapter(adapter, lambda e: settle_future(loop, future, e), pinned=pinned)
+        self.request_adapter(adapter, lambda e: settle_future(loop, future, e), pinned=pinned, cause=cause)
         return future
 
     def drain_residency(self) -> dict[str, float]:
@@ -173,12 +178,12 @@ class EngineLoop:
         assert self.manager is not None
         return self.manager.drain_residency()
 
-    def forget(self, key: str) -> None:
-        """Unload an adapter from every tier once no request uses it."""
+    def forget(self, key: str, cause: str | None = None) -> None:
+        """Unload an adapter from every tier once no request uses it (``cause``: who asked, for the audit)."""
         manager = self.manager
         assert manager is not None
         with contextlib.suppress(ServiceUnavailable):  # nothing is loaded any more anyway
-            self.post(lambda: manager.forget(key, self.clock()))
+            self.post(lambda: manager.forget(key, self.clock(), cause))
 
     # ----- the engine thread ---------------------------------------------------------------------------
 
@@ -246,7 +251,14 @@ class EngineLoop:
         key, source = ticket.adapter.key, ticket.adapter.source
         ticket.cold_start = not manager.is_resident(key)
         # ``want`` answers at once when the adapter is resident, else once it is placed (or cannot be).
-        manager.want(key, source, lambda error: self._adapter_ready(ticket, error), self.clock(), ticket.tenancy)
+        manager.want(
+            key,
+            source,
+            lambda error: self._adapter_ready(ticket, error),
+            self.clock(),
+            ticket.tenancy,
+            cause=ticket.request.cause,
+        )
 
     def _adapter_ready(self, ticket: EngineTicket, error: LoraplexError | None) -> None:
         if error is not None and ticket.adapter is not None:

@@ -9,10 +9,11 @@ the engine process owns the engine, the adapter tiers and the loader threads (``
 The two talk over one ``multiprocessing`` pipe, in pickled tuples:
 
 - HTTP → engine: ``("submit", EngineRequest)``, ``("cancel", request_id)``, ``("want", call, adapter,
-  pinned)``, ``("forget", key)``, ``("residency", call)``, ``("stop",)``.
+  pinned, cause)``, ``("forget", key, cause)``, ``("residency", call)``, ``("stop",)``.
 - engine → HTTP, as lists sent once per loop iteration: ``("metrics", updates)``, ``("view", PoolView)``,
   ``("admitted", request_id, error)``, ``("output", request_id, output, started_at, stats)``, ``("error",
-  request_id, error)``, ``("adapter_error", adapter, error)``, ``("answer", call, value)``; at start
+  request_id, error)``, ``("adapter_error", adapter, error)``, ``("audit", AdapterAuditEvent)``, ``("answer",
+  call, value)``; at start
   ``("ready", front, view)`` or ``("failed", error)``, at the end ``("closed", failure)``.
 
 Counts of waiting and running requests are kept here, from the same events the in-process loop counts, so
@@ -34,6 +35,7 @@ from enum import Enum
 from typing import Any
 
 from core.errors import LoraplexError, ServiceUnavailable
+from core.protocol import AdapterAuditEvent
 from core.storage import ObjectStore
 from server.adapters.registry import KnownAdapter
 from server.config import ServerConfig
@@ -68,6 +70,7 @@ class EngineProcess:
         self.metrics = metrics
         self.max_waiting = config.max_waiting
         self.on_adapter_error: Callable[[KnownAdapter, LoraplexError], None] | None = None
+        self.on_audit: Callable[[AdapterAuditEvent], None] | None = None  # what the adapter tiers did
         self.failure: BaseException | None = None
         context = multiprocessing.get_context("spawn")  # a fork would copy this process's threads' locks
         self._conn, child_conn = context.Pipe()
@@ -155,17 +158,23 @@ class EngineProcess:
             with contextlib.suppress(ServiceUnavailable):
                 self._send(("cancel", ticket.request_id))
 
-    def wait_resident(self, adapter: KnownAdapter, *, pinned: bool | None = None) -> asyncio.Future[None]:
+    def wait_resident(
+        self, adapter: KnownAdapter, *, pinned: bool | None = None, cause: str | None = None
+    ) -> asyncio.Future[None]:
         """Load ``adapter`` into the pool; the future fails with the reason it cannot be loaded."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._call(lambda call: ("want", call, adapter, pinned), lambda error: settle_future(loop, future, error))
+
+        def settle(error: LoraplexError | None) -> None:
+            settle_future(loop, future, error)
+
+        self._call(lambda call: ("want", call, adapter, pinned, cause), settle)
         return future
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str, cause: str | None = None) -> None:
         """Unload an adapter from every tier once no request uses it."""
         with contextlib.suppress(ServiceUnavailable):
-            self._send(("forget", key))
+            self._send(("forget", key, cause))
 
     def drain_residency(self) -> dict[str, float]:
         """Page-seconds per adapter key in the pool since the last call. An answer that comes too late is
@@ -255,6 +264,9 @@ class EngineProcess:
                 tracked = self._tracked.pop(message[1], None)
             if tracked is not None:
                 tracked.ticket.deliver(message[2])
+        elif kind == "audit":
+            if self.on_audit is not None:
+                self.on_audit(message[1])
         elif kind == "adapter_error":
             if self.on_adapter_error is not None:
                 self.on_adapter_error(message[1], message[2])

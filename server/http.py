@@ -173,7 +173,8 @@ def create_app(
         else:
             assert body.lora_path is not None
             known = runtime.registry.register_local(body.lora_name, body.lora_path)
-        await runtime.loop.wait_resident(known, pinned=body.pinned)  # a refused adapter is unlisted again
+        # A refused adapter is unlisted again (runtime._adapter_failed).
+        await runtime.loop.wait_resident(known, pinned=body.pinned, cause=body.cause)
         return {"object": "lora_adapter", "id": known.name, "status": "loaded", "pinned": bool(body.pinned)}
 
     @guarded.post("/v1/unload_lora_adapter")
@@ -181,7 +182,7 @@ def create_app(
         """Forget an adapter; requests already using it finish, then it leaves the pool and host RAM."""
         runtime, _ = holder.get()
         known = runtime.registry.unregister(body.lora_name)
-        runtime.loop.forget(known.key)
+        runtime.loop.forget(known.key, body.cause)
         return {"object": "lora_adapter", "id": known.name, "status": "unloaded"}
 
     app.include_router(guarded)

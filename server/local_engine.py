@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from core.base_fingerprint import fingerprint_base
+from core.protocol import AdapterAuditEvent
 from core.storage import ObjectStore
 from server.adapters.fetch import AdapterFetcher
 from server.adapters.host_cache import HostCache
@@ -22,12 +25,23 @@ from server.metrics import ServerMetrics
 class LocalEngine:
     """Builds the engine (slow: weights, tokenizer) and wires its loop and adapter manager; ``close`` undoes it."""
 
-    def __init__(self, config: ServerConfig, metrics: ServerMetrics, store: ObjectStore | None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        store: ObjectStore | None,
+        audit: Callable[[AdapterAuditEvent], None] | None = None,
+    ) -> None:
         self.engine = LLMEngine(config.engine_config())
         self.loop = EngineLoop(self.engine, metrics, config.replica_id, max_waiting=config.max_waiting)
         self._scratch = Path(tempfile.mkdtemp(prefix="loraplex-server-"))
         fetcher = AdapterFetcher(
-            store, self.engine.model_config.base_shapes(), config.max_lora_rank, self._scratch, config.adapter_root
+            store,
+            self.engine.model_config.base_shapes(),
+            config.max_lora_rank,
+            self._scratch,
+            config.adapter_root,
+            base=fingerprint_base(config.model, config.base_name),
         )
         limits = AdapterLimits(
             max_resident=config.max_resident_adapters,
@@ -36,7 +50,7 @@ class LocalEngine:
         )
         host = HostCache(config.host_cache_bytes, config.host_idle_ttl)
         self.loop.manager = AdapterManager(
-            self.engine, fetcher, host, limits, metrics, self.loop.post, load_workers=config.load_workers
+            self.engine, fetcher, host, limits, metrics, self.loop.post, load_workers=config.load_workers, audit=audit
         )
 
     @property

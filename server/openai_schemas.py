@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.descriptor import AdapterDescriptor
-from core.protocol import ADAPTER_FIELD, TENANT_FIELD, TenantTag
+from core.protocol import ADAPTER_FIELD, CAUSE_PATTERN, TENANT_FIELD, TenantTag
 from server.engine.sampling_params import MAX_LOGPROBS
 
 # Accepted and ignored: bookkeeping and routing hints of OpenAI's own platform. ``parallel_tool_calls`` is here
@@ -106,6 +106,7 @@ class LoadAdapterRequest(BaseModel):
     lora_path: str | None = None
     adapter: AdapterDescriptor | None = None
     pinned: bool | None = None  # extension: keep it in the pool (true) or let it be evicted again (false)
+    cause: str | None = Field(default=None, pattern=CAUSE_PATTERN)  # extension: the job behind it, for the audit
 
 
 class UnloadAdapterRequest(BaseModel):
@@ -114,3 +115,4 @@ class UnloadAdapterRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     lora_name: str = Field(min_length=1, max_length=512)
+    cause: str | None = Field(default=None, pattern=CAUSE_PATTERN)  # extension: who deleted it, for the audit

@@ -1,8 +1,9 @@
 """Tell the control plane this replica exists: a ``ReplicaStatus`` heartbeat and adapter residency increments.
 
 Every ``interval`` seconds the status is written to ``replica_key(id)`` with a TTL (a replica that stops
-heartbeating disappears by itself), and the page-seconds each stored adapter spent in the pool since the
-last beat are appended to ``RESIDENCY_STREAM``. Increments that could not be written are kept and sent
+heartbeating disappears by itself), the page-seconds each stored adapter spent in the pool since the
+last beat are appended to ``RESIDENCY_STREAM``, and the audit events recorded since (``server.audit``) to
+``AUDIT_STREAM``. Increments that could not be written are kept and sent
 with the next beat, so Redis blips lose no metering.
 """
 
@@ -16,7 +17,16 @@ from collections.abc import Callable
 
 import redis
 
-from core.protocol import REPLICA_TTL_S, RESIDENCY_STREAM, RESIDENCY_STREAM_MAXLEN, ReplicaStatus, replica_key
+from core.protocol import (
+    AUDIT_STREAM,
+    AUDIT_STREAM_MAXLEN,
+    REPLICA_TTL_S,
+    RESIDENCY_STREAM,
+    RESIDENCY_STREAM_MAXLEN,
+    ReplicaStatus,
+    replica_key,
+)
+from server.audit import AuditTrail
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +41,14 @@ class ReplicaPublisher:
         status: Callable[[], ReplicaStatus],
         residency: Callable[[], dict[str, float]],
         interval: float,
+        audit: AuditTrail | None = None,
     ) -> None:
         self.client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self.replica_id = replica_id
         self.status = status
         self.residency = residency
         self.interval = interval
+        self.audit = audit
         self._unsent: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica-heartbeat", daemon=True)
@@ -51,6 +63,7 @@ class ReplicaPublisher:
             self._thread.join(timeout=10)
         try:
             self._send_residency()
+            self._send_audit()
             self.client.delete(replica_key(self.replica_id))
         except redis.RedisError as exc:
             log.warning("could not deregister replica %s: %s", self.replica_id, exc)
@@ -61,6 +74,21 @@ class ReplicaPublisher:
         ttl = math.ceil(REPLICA_TTL_S)
         self.client.set(replica_key(self.replica_id), self.status().model_dump_json(), ex=ttl)
         self._send_residency()
+        self._send_audit()
+
+    def _send_audit(self) -> None:
+        if self.audit is None:
+            return
+        events = self.audit.take()
+        sent = 0
+        try:
+            for event in events:
+                fields = {"event": event.model_dump_json()}
+                self.client.xadd(AUDIT_STREAM, fields, maxlen=AUDIT_STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+                sent += 1
+        finally:
+            if sent < len(events):
+                self.audit.give_back(events[sent:])
 
     def _send_residency(self) -> None:
         for adapter_id, seconds in self.residency().items():

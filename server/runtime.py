@@ -11,6 +11,7 @@ from core.protocol import PoolPages, ReplicaStatus, TenantLoad
 from core.storage import ObjectStore
 from server.adapters.registry import AdapterRegistry, KnownAdapter
 from server.adapters.sources import adapter_id_of_key
+from server.audit import AuditTrail
 from server.config import ServerConfig
 from server.engine.tenancy import TenantLoad as EngineTenantLoad
 from server.engine_loop import EngineLoop
@@ -30,18 +31,25 @@ class ServerRuntime:
         self.started_at = time.time()
         self.base_name = config.base_name
         self.registry = AdapterRegistry(self.base_name, config.adapter_root)
+        self.audit = AuditTrail(config.replica_id)
         self._local: LocalEngine | None = None
         if config.engine_process:
             self.loop: EngineLoop | EngineProcess = EngineProcess(config, metrics, store)
+            self.loop.on_audit = self.audit.record
             self.front = self.loop.front
         else:
-            self._local = LocalEngine(config, metrics, store)
+            self._local = LocalEngine(config, metrics, store, self.audit.record)
             self.loop, self.front = self._local.loop, self._local.front
         self.loop.on_adapter_error = self._adapter_failed
         self.publisher: ReplicaPublisher | None = None
         if config.redis_url:
             self.publisher = ReplicaPublisher(
-                config.redis_url, config.replica_id, self.replica_status, self.residency, config.heartbeat_s
+                config.redis_url,
+                config.replica_id,
+                self.replica_status,
+                self.residency,
+                config.heartbeat_s,
+                audit=self.audit,
             )
 
     def start(self) -> None:

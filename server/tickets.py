@@ -46,6 +46,7 @@ class EngineRequest:
     arrival: float  # time.monotonic(): one clock for every process on the machine
     tenancy: Tenancy = DIRECT
     cache_salt: str | None = None
+    cause: str | None = None  # request:<the API's request id>, for the audit trail of the loads it causes
 
 
 @dataclass(eq=False)

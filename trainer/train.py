@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.base_fingerprint import BaseFingerprint, fingerprint_base
 from core.dataset_format import DEFAULT_MIN_EXAMPLES, DatasetProblem, DatasetReport, method_format_problem
+from core.descriptor import ADAPTER_WEIGHTS
 from core.hyperparameters import DEFAULT_BETA, DPO, SUPERVISED, ResolvedHyperparameters
 from core.projections import adapter_modules
 from trainer.callbacks import ProgressBridge
 from trainer.checkpoints import CheckpointBridge, CheckpointFn
 from trainer.dataset import PreparedDataset, prepare_dataset
 from trainer.errors import InvalidTrainingData, TrainingCancelled
-from trainer.manifest import BaseModelFingerprint, fingerprint_base_model, write_manifest
+from trainer.manifest import stamp_origin, write_manifest
 from trainer.metrics import step_metrics_csv
 from trainer.progress import CancelFn, ProgressFn
 from trainer.tokenize import IGNORE_INDEX
@@ -55,7 +57,7 @@ class TrainingRequest:
     seed: int = 0
     validation_file: Path | None = None
     base_model_name: str | None = None  # recorded in the adapter; default: the directory's name
-    base_fingerprint: BaseModelFingerprint | None = None  # pass one to skip hashing the weights again
+    base_fingerprint: BaseFingerprint | None = None  # pass one to skip fingerprinting the base again
     min_examples: int = DEFAULT_MIN_EXAMPLES
     num_threads: int | None = None  # CPU threads for torch (its share of a shared machine); None: torch's default
     resume_from: Path | None = None  # a checkpoint in the Trainer's layout (trainer.checkpoints.resume_layout)
@@ -202,7 +204,7 @@ def train_adapter(
     train_data, valid_data = prepare_data(request, tokenizer)
     if should_cancel is not None and should_cancel():
         raise TrainingCancelled(0)
-    base = request.base_fingerprint or fingerprint_base_model(request.base_model_dir, request.base_model_name)
+    base = request.base_fingerprint or fingerprint_base(request.base_model_dir, request.base_model_name)
 
     cuda = torch.cuda.is_available()
     if request.num_threads is not None:
@@ -276,7 +278,7 @@ def train_adapter(
 def _write_adapter(
     request: TrainingRequest,
     model,  # type: ignore[no-untyped-def]
-    base: BaseModelFingerprint,
+    base: BaseFingerprint,
     train_data: PreparedDataset,
     log_history: list[dict[str, Any]],
     steps: int,
@@ -306,6 +308,7 @@ def _write_adapter(
     finally:
         config.base_model_name_or_path = local_path
     (out / PEFT_MODEL_CARD).unlink(missing_ok=True)
+    stamp_origin(out / ADAPTER_WEIGHTS, base)
     steps_per_epoch = math.ceil(len(train_data.examples) / hp.batch_size)
     last_epoch = [float(e["loss"]) for e in log_history if "loss" in e][-steps_per_epoch:]
     evals = [float(e["eval_loss"]) for e in log_history if "eval_loss" in e]

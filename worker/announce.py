@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 
 def announce_prefetch(settings: Settings, adapter: Adapter) -> bool:
-    """Publish ``{"event": "prefetch", "adapter": descriptor}`` on the adapter events channel; False on failure."""
+    """Publish ``{"event": "prefetch", "adapter": descriptor, "cause": "job:<id>"}`` on the adapter events
+    channel; False on failure."""
     return _announce(settings, "prefetch", [adapter])
 
 
@@ -32,7 +33,8 @@ def _announce(settings: Settings, event: str, adapters: list[Adapter]) -> bool:
         client = redis.Redis.from_url(redis_url(settings), socket_timeout=2, socket_connect_timeout=2)
         with client:
             for adapter in adapters:
-                message = {"event": event, "adapter": adapter.descriptor().model_dump(mode="json")}
+                cause = f"job:{adapter.job_id}" if adapter.job_id else None
+                message = {"event": event, "adapter": adapter.descriptor().model_dump(mode="json"), "cause": cause}
                 client.publish(ADAPTER_EVENTS_CHANNEL, json.dumps(message))
     except Exception:
         log.warning("could not announce %s of %s", event, ", ".join(a.id for a in adapters), exc_info=True)

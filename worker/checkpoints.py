@@ -101,7 +101,7 @@ def _record(
         # over) or the tenant deleted it before the crash: that row gives its name up.
         clash = session.exec(select(Adapter).where(Adapter.name == name)).first()
         if clash is not None:
-            if retire_adapter_row(session, clash):
+            if retire_adapter_row(session, clash, cause=f"job:{job.id}", reason="checkpoint_replaced"):
                 retired.append(clash)
             for stale in session.exec(select(FineTuningCheckpoint).where(FineTuningCheckpoint.adapter_id == clash.id)):
                 session.delete(stale)

@@ -52,10 +52,19 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 60.0,
         threads: TrainThreads = None,
+        metrics_port: Annotated[
+            int,
+            typer.Option(
+                envvar="LORAPLEX_WORKER_METRICS_PORT", min=0, max=65535, help="Prometheus /metrics port (0: none)."
+            ),
+        ] = 9101,
+        metrics_host: Annotated[
+            str, typer.Option(envvar="LORAPLEX_WORKER_METRICS_HOST", help="Interface /metrics listens on.")
+        ] = "127.0.0.1",
     ) -> None:
         """Train fine-tuning jobs from the queue of LORAPLEX_BASE_MODEL (Redis at LORAPLEX_REDIS_URL)."""
         from core.queue import train_queue
-        from worker.app import create_worker_app
+        from worker.metrics import serve_metrics, use_multiprocess_dir
         from worker.runtime import WorkerOptions
 
         settings = settings_or_exit()
@@ -77,7 +86,14 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         ready_database(settings)
         logging.basicConfig(level=loglevel.upper(), format=LOG_FORMAT)
+        if metrics_port:
+            use_multiprocess_dir()  # before the app (and prometheus_client) is imported
+        from core.queue import redis_url
+        from worker.app import create_worker_app
+
         celery = create_worker_app(settings, options)
+        if metrics_port:
+            serve_metrics(metrics_host, metrics_port, redis_url(settings), train_queue(settings.model_name))
         celery.worker_main(
             [
                 "worker",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from worker.checkpoints import fetch_checkpoint, save_checkpoint
 from worker.failures import classify_failure
 from worker.lease_keeper import LeaseKeeper
 from worker.lifecycle import Lease, claim_job, current_worker_id, finish_ended, finish_succeeded, retry_or_fail
+from worker.metrics import job_metrics
 from worker.parent_adapter import fetch_parent_adapter
 from worker.progress_events import ProgressRecorder
 from worker.results import find_results, remove_results, upload_results
@@ -63,7 +65,9 @@ def run_train_job(rt: WorkerRuntime, job_id: str) -> str:
     if claim.outcome != "run":
         return claim.outcome
     assert claim.job is not None and claim.lease is not None
+    started = time.monotonic()
     outcome = _run_attempt(rt, claim.job, claim.lease, prefix)
+    job_metrics().attempt_seconds.labels(claim.job.method, outcome).observe(time.monotonic() - started)
     log.info("job %s attempt %d: %s", job_id, claim.lease.attempt, outcome)
     return outcome
 
@@ -105,6 +109,7 @@ def _fail(rt: WorkerRuntime, lease: Lease, keeper: LeaseKeeper, exc: Exception) 
     if keeper.lost:
         return "lost"
     failure = classify_failure(exc, lease.job_id)
+    job_metrics().failures.labels(failure.code, "true" if failure.retryable else "false").inc()
     if failure.retryable:
         delay = rt.options.retry_delay_seconds
         return retry_or_fail(rt.engine, lease, rt.celery, failure.message, code=failure.code, delay=delay)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from celery import Celery
 from sqlalchemy.engine import Engine
 
+from core.base_fingerprint import BaseFingerprint, fingerprint_base
 from core.db import make_engine
 from core.errors import ConfigError
 from core.model_source import resolve_model_dir
 from core.settings import Settings
 from core.storage import ObjectStore, open_store
-from trainer.manifest import BaseModelFingerprint, fingerprint_base_model
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class WorkerRuntime:
         self.base_model_name: str = settings.model_name
         self._engine: Engine | None = None
         self._store: ObjectStore | None = None
-        self._fingerprint: BaseModelFingerprint | None = None
+        self._fingerprint: BaseFingerprint | None = None
 
     @property
     def engine(self) -> Engine:
@@ -77,10 +77,10 @@ class WorkerRuntime:
             self._store = open_store(self.settings)
         return self._store
 
-    def fingerprint(self) -> BaseModelFingerprint:
-        """The base model's hash, computed once per process (hashing large weights takes a while)."""
+    def fingerprint(self) -> BaseFingerprint:
+        """The base model's fingerprint, computed once per process."""
         if self._fingerprint is None:
-            self._fingerprint = fingerprint_base_model(self.base_model_dir, self.base_model_name)
+            self._fingerprint = fingerprint_base(self.base_model_dir, self.base_model_name)
         return self._fingerprint
 
     def after_fork(self) -> None:

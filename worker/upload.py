@@ -56,6 +56,7 @@ class UploadedAdapter:
             alpha=float(self.manifest["alpha"]),
             target_modules=list(self.manifest["target_modules"]),
             size_bytes=self.size_bytes,
+            base_fingerprint=self.manifest.get("base_model", {}).get("fingerprint"),
         )
 
 

@@ -1,4 +1,5 @@
-"""Tasks an API process runs beside its requests: adapter events (prefetch, unload) and residency metering.
+"""Tasks an API process runs beside its requests: adapter events (prefetch, unload), residency metering and
+the replicas' audit trail.
 
 Each survives Redis outages by reconnecting with a capped backoff; all stop with the app.
 """
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 
 from api.background.adapter_events import consume_adapter_events
+from api.background.audit import AuditRecorder
 from api.background.residency import ResidencyMeter
 from api.context import ApiContext
 
@@ -18,6 +20,7 @@ def start_background(ctx: ApiContext) -> list[asyncio.Task[None]]:
     return [
         asyncio.create_task(consume_adapter_events(ctx), name="adapter-events"),
         asyncio.create_task(ResidencyMeter(ctx).run(), name="residency-meter"),
+        asyncio.create_task(AuditRecorder(ctx).run(), name="audit-recorder"),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import httpx
 from pydantic import ValidationError
@@ -14,6 +15,7 @@ from api.background.retry import keep_running
 from api.context import ApiContext
 from core.descriptor import AdapterDescriptor
 from core.errors import ServiceUnavailable
+from core.protocol import CAUSE_PATTERN
 from core.queue import ADAPTER_EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -46,25 +48,28 @@ async def handle_adapter_event(ctx: ApiContext, data: bytes | str) -> None:
         message = json.loads(data)
         event = message["event"]
         adapter = AdapterDescriptor.model_validate(message["adapter"])
-    except (ValueError, KeyError, TypeError, ValidationError):
+        cause = message.get("cause")
+        if cause is not None and not (isinstance(cause, str) and re.fullmatch(CAUSE_PATTERN, cause)):
+            cause = None
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
         log.warning("ignoring a malformed adapter event: %.200r", data)
         return
     if adapter.base_model not in ctx.bases:
         return
     if event == "prefetch":
-        await prefetch(ctx, adapter)
+        await prefetch(ctx, adapter, cause=cause)
     elif event == "unload":
-        await unload_everywhere(ctx, adapter)
+        await unload_everywhere(ctx, adapter, cause=cause)
 
 
-async def prefetch(ctx: ApiContext, adapter: AdapterDescriptor) -> str | None:
+async def prefetch(ctx: ApiContext, adapter: AdapterDescriptor, *, cause: str | None = None) -> str | None:
     """Ask the replica that requests for ``adapter`` will go to to load it now; its id, or None."""
     try:
         candidates = await ctx.routers[adapter.base_model].candidates(adapter.id)
     except ServiceUnavailable as exc:
         log.info("not prefetching %s: %s", adapter.id, exc.message)
         return None
-    body = {"lora_name": adapter.name, "adapter": adapter.model_dump(mode="json")}
+    body = {"lora_name": adapter.name, "adapter": adapter.model_dump(mode="json"), "cause": cause}
     for replica in candidates[: ctx.settings.upstream_attempts]:
         if await _call(ctx, replica.url, "/v1/load_lora_adapter", body):
             log.info("prefetched %s on %s", adapter.id, replica.id)
@@ -72,14 +77,14 @@ async def prefetch(ctx: ApiContext, adapter: AdapterDescriptor) -> str | None:
     return None
 
 
-async def unload_everywhere(ctx: ApiContext, adapter: AdapterDescriptor) -> list[str]:
+async def unload_everywhere(ctx: ApiContext, adapter: AdapterDescriptor, *, cause: str | None = None) -> list[str]:
     """Ask every live replica of its base to drop ``adapter``; the ids of those that confirmed."""
     try:
         replicas = await ctx.routers[adapter.base_model].registry.read()
     except ServiceUnavailable as exc:
         log.warning("could not unload %s: %s", adapter.id, exc.message)
         return []
-    body = {"lora_name": adapter.name}
+    body = {"lora_name": adapter.name, "cause": cause}
     return [r.id for r in replicas if await _call(ctx, r.url, "/v1/unload_lora_adapter", body)]
 
 

@@ -1,41 +1,29 @@
 """Adapter residency reported by servers on ``RESIDENCY_STREAM``, stored as ``UsageRecord(kind="residency")``
 attributed to the adapter's tenant.
 
-Read through a consumer group (one per base model, like the training queues, so deployments sharing a
-Redis do not take each other's entries), so with several API processes each entry is counted by one;
-entries are acknowledged only after their rows are committed, and entries a crashed process read but
-never acknowledged are claimed by another after ``CLAIM_IDLE_MS``. Increments are summed per adapter,
-replica and hour before storing, so steady residency does not become a row per heartbeat.
+Read through a consumer group (``api.background.streams``), so with several API processes each entry is
+counted once. Increments are summed per adapter, replica and hour before storing, so steady residency does
+not become a row per heartbeat.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from redis.exceptions import ResponseError
 from sqlmodel import select
 from starlette.concurrency import run_in_threadpool
 
-from api.background.retry import keep_running
+from api.background.streams import RawEntry, StreamConsumer
 from api.context import ApiContext
 from core.models import Adapter, UsageRecord
 from core.protocol import RESIDENCY_STREAM
 
 log = logging.getLogger(__name__)
 
-GROUP_PREFIX = "loraplex-api:"
-READ_COUNT = 1000
-READ_BLOCK_MS = 1000
-FLUSH_EVERY_S = 10.0  # under steady traffic; an idle stream flushes at once
-CLAIM_IDLE_MS = 60_000
 HOUR = 3600
 
 
@@ -86,73 +74,34 @@ def residency_rows(entries: Iterable[ResidencyEntry], tenant_of: dict[str, str])
     ]
 
 
-class ResidencyMeter:
+class ResidencyMeter(StreamConsumer):
     """One API process's consumer of the residency stream."""
 
+    stream = RESIDENCY_STREAM
+    what = "residency"
+
     def __init__(self, ctx: ApiContext, *, consumer: str | None = None) -> None:
-        self.ctx = ctx
-        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.group = GROUP_PREFIX + ctx.base_model.name
+        super().__init__(ctx, consumer=consumer)
         self._tenant_of: dict[str, str] = {}
 
-    async def run(self) -> None:
-        await keep_running("residency meter", self._consume)
-
-    async def _consume(self) -> None:
-        redis = self.ctx.redis
-        try:
-            await redis.xgroup_create(RESIDENCY_STREAM, self.group, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        held = await self._read("0")  # what this consumer read before a reconnect but did not acknowledge
-        held += await self._claim_abandoned()
-        flushed_at = time.monotonic()
-        try:
-            while True:
-                fresh = await self._read(">", block=READ_BLOCK_MS)
-                held += fresh
-                due = not fresh or len(held) >= READ_COUNT or time.monotonic() - flushed_at >= FLUSH_EVERY_S
-                if held and due:
-                    await self.flush(held)
-                    held, flushed_at = [], time.monotonic()
-        finally:
-            if held:  # stopping: store what was read; if that fails it stays pending for the next reader
-                await asyncio.shield(self._flush_quietly(held))
-
-    async def _read(self, start: str, *, block: int | None = None) -> list[tuple[bytes, dict]]:
-        answer = await self.ctx.redis.xreadgroup(
-            self.group, self.consumer, {RESIDENCY_STREAM: start}, count=READ_COUNT, block=block
-        )
-        return [entry for _stream, entries in answer or () for entry in entries if entry[1] is not None]
-
-    async def _claim_abandoned(self) -> list[tuple[bytes, dict]]:
-        answer = await self.ctx.redis.xautoclaim(
-            RESIDENCY_STREAM, self.group, self.consumer, min_idle_time=CLAIM_IDLE_MS, count=READ_COUNT
-        )
-        return [entry for entry in answer[1] if entry[1] is not None]
-
-    async def flush(self, raw: Sequence[tuple[bytes, dict]]) -> None:
-        """Store the entries' usage, then acknowledge them."""
+    async def store(self, raw: Sequence[RawEntry]) -> None:
         entries = [e for entry_id, fields in raw if (e := parse_entry(entry_id, fields)) is not None]
         if len(entries) < len(raw):
             log.warning("skipping %d malformed residency entries", len(raw) - len(entries))
         await run_in_threadpool(self._store, entries)
-        await self.ctx.redis.xack(RESIDENCY_STREAM, self.group, *[entry_id for entry_id, _ in raw])
-
-    async def _flush_quietly(self, raw: Sequence[tuple[bytes, dict]]) -> None:
-        try:
-            await self.flush(raw)
-        except Exception:
-            log.warning("could not store %d residency entries; they stay pending", len(raw), exc_info=True)
 
     def _store(self, entries: list[ResidencyEntry]) -> None:
         unknown = {e.adapter_id for e in entries} - self._tenant_of.keys()
         if unknown:
-            with self.ctx.reading() as session:
-                rows = session.exec(select(Adapter.id, Adapter.tenant_id).where(Adapter.id.in_(unknown))).all()  # type: ignore[attr-defined]
-            self._tenant_of.update(dict(rows))
+            self._tenant_of.update(tenants_of(self.ctx, unknown))
         rows = residency_rows(entries, self._tenant_of)
         if rows:
             with self.ctx.session() as session:
                 session.add_all(rows)
+
+
+def tenants_of(ctx: ApiContext, adapter_ids: set[str]) -> dict[str, str]:
+    """The owning tenant of each of ``adapter_ids`` that exists (deleted ones too)."""
+    with ctx.reading() as session:
+        rows = session.exec(select(Adapter.id, Adapter.tenant_id).where(Adapter.id.in_(adapter_ids))).all()  # type: ignore[attr-defined]
+    return dict(rows)

@@ -27,8 +27,9 @@ from api.ownership import get_owned
 from api.pagination import After, Limit, build_page, page_query
 from api.routers.adapters_schemas import UPLOAD_REQUEST_BODY, AdapterDeleted, AdapterList, AdapterObject
 from api.spools import FileSpool
-from core.adapter_format import ADAPTER_CONFIG_FILE, MAX_CONFIG_BYTES, inspect_adapter
+from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CONFIG_BYTES, inspect_adapter
 from core.adapter_values import check_finite_weights
+from core.base_fingerprint import BaseModelMismatch, check_origin, read_adapter_origin
 from core.descriptor import adapter_prefix
 from core.errors import InvalidRequest
 from core.ids import new_id
@@ -40,21 +41,41 @@ TEXT_FIELDS = frozenset({"suffix", "model"})
 
 
 def _base_of_upload(ctx: Context, fields: dict[str, str], adapter_dir: Path) -> BaseModelInfo:
-    """The base an uploaded adapter is for: the ``model`` field when sent, else the base its
-    ``adapter_config.json`` names when this platform serves one by that name, else the default base."""
+    """The base an uploaded adapter is for: the ``model`` field when sent, else the base its weights file
+    records (``core.base_fingerprint``), else the base its ``adapter_config.json`` names when this platform
+    serves one by that name, else the default base. An adapter that records or names another base than the
+    one chosen is refused, saying which base it was made for."""
+    origin = read_adapter_origin(adapter_dir / ADAPTER_WEIGHTS_FILE)
+    declared = _declared_base(adapter_dir)
     named = fields.get("model")
     if named:
         base = ctx.bases.get(named)
         if base is None:
             served = ", ".join(repr(name) for name in ctx.bases.names)
             raise InvalidRequest(f"{named!r} is not a base model here; choose one of {served}", param="model")
-        return base
+    else:
+        recorded = ctx.bases.made_on(origin.fingerprint) if origin else None
+        base = recorded or (ctx.bases.get(declared) if declared else None) or ctx.base_model
+    other = ctx.bases.get(declared) if declared else None
+    if other is not None and other.name != base.name and not other.same_weights(base):
+        raise BaseModelMismatch(
+            f"adapter_config.json says this adapter was made on base model {declared!r}, not {base.name!r}; "
+            f"upload it with model={declared!r}",
+            param="model",
+        )
+    if base.fingerprint is not None:
+        check_origin(origin, base.fingerprint)
+    return base
+
+
+def _declared_base(adapter_dir: Path) -> str | None:
+    """The ``base_model_name_or_path`` of the adapter's config, if it is a string."""
     try:
         config = json.loads((adapter_dir / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
         declared = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     except (OSError, ValueError, RecursionError):
         declared = None  # inspect_adapter says what is wrong with the file
-    return (ctx.bases.get(declared) if isinstance(declared, str) else None) or ctx.base_model
+    return declared if isinstance(declared, str) and declared else None
 
 
 def _suffix(fields: dict[str, str]) -> str | None:

@@ -3,7 +3,8 @@
 Runs on the loader's threads, never on the engine's. Nothing is unpickled: store objects are checked
 against the descriptor's sha256 and must parse as safetensors; local directories holding pickle files
 are refused by ``core.adapter_format``. Config and tensor shapes are checked against the base model
-before a tensor is read.
+before a tensor is read, and the base the adapter was made on (``core.base_fingerprint``: the one its
+descriptor records and the one its weights file records) must be this server's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from core.adapter_format import (
     inspect_adapter,
     load_adapter_weights,
 )
+from core.base_fingerprint import BaseFingerprint, check_origin, check_recorded, read_adapter_origin
 from core.projections import PROJECTIONS
 from core.storage import ObjectStore
 from server.adapters.errors import AdapterChecksumMismatch, AdapterTooLarge
@@ -48,15 +50,18 @@ class AdapterFetcher:
     max_rank: int
     scratch: Path  # downloads land here before parsing
     root: Path | None  # --adapter-root
+    base: BaseFingerprint | None = None  # what adapters must have been made on (None: shapes only)
 
     def fetch(self, source: AdapterSource) -> AdapterWeights:
         """Verified, parsed weights of ``source``; raises a 4xx error saying what is wrong with the adapter."""
         if isinstance(source, LocalSource):
             # Resolve again: the directory may have been swapped for a symlink since it was registered.
-            return _parse(resolve_local(self.root, source.relative), self.shapes, self.max_rank)
+            return self._parse(resolve_local(self.root, source.relative))
         if self.store is None:
             raise AdapterFileError("this server has no object store configured (LORAPLEX_STORAGE_*)", param="adapter")
         descriptor = source.descriptor
+        if self.base is not None:
+            check_recorded(descriptor.base_fingerprint, self.base, descriptor.name)
         if descriptor.rank > self.max_rank:
             raise AdapterConfigError(
                 f"adapter {descriptor.name} has rank {descriptor.rank}; this server serves ranks up to {self.max_rank}",
@@ -69,17 +74,18 @@ class AdapterFetcher:
             _download(self.store, descriptor.config_key, config_path, descriptor.config_sha256, MAX_CONFIG_BYTES)
             limit = max_adapter_bytes(self.shapes, self.max_rank)
             _download(self.store, descriptor.weights_key, weights_path, descriptor.sha256, limit)
-            return _parse(directory, self.shapes, self.max_rank)
+            return self._parse(directory)
 
-
-def _parse(directory: Path, shapes: BaseShapes, max_rank: int) -> AdapterWeights:
-    try:
-        spec = inspect_adapter(directory, shapes, max_rank)
-    except AdapterFileError as exc:
-        if exc.param == ADAPTER_WEIGHTS_FILE:
-            _refuse_pickle(directory / ADAPTER_WEIGHTS_FILE)
-        raise
-    return load_adapter_weights(spec)
+    def _parse(self, directory: Path) -> AdapterWeights:
+        try:
+            spec = inspect_adapter(directory, self.shapes, self.max_rank)
+        except AdapterFileError as exc:
+            if exc.param == ADAPTER_WEIGHTS_FILE:
+                _refuse_pickle(directory / ADAPTER_WEIGHTS_FILE)
+            raise
+        if self.base is not None:
+            check_origin(read_adapter_origin(directory / ADAPTER_WEIGHTS_FILE), self.base)
+        return load_adapter_weights(spec)
 
 
 def _download(store: ObjectStore, key: str, dest: Path, expected_sha256: str, max_bytes: int) -> None:

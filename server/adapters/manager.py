@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from core.errors import LoraplexError
+from core.protocol import AdapterAuditEvent
 from server.adapters.errors import AdapterTooLarge, ModelNotFound
 from server.adapters.eviction import Candidate, choose_victims, decayed, share_excess
 from server.adapters.fetch import AdapterFetcher
 from server.adapters.host_cache import HostCache
 from server.adapters.sources import AdapterSource, LocalSource
+from server.audit import audit_event
 from server.engine import LLMEngine
 from server.engine.tenancy import DIRECT, Tenancy
 from server.memory.adapter_pages import AdapterPlan
@@ -59,6 +61,9 @@ class AdapterEntry:
     last_used: float = 0.0
     load_started: float = 0.0
     load_tier: str = ""
+    load_reason: str = "request"  # why the load in flight started: a request, or an explicit load (prefetch)
+    load_cause: str | None = None  # the request or job behind it, for the audit trail
+    unload_cause: str | None = None  # who asked it to be forgotten
     plan: AdapterPlan | None = None  # while PLACING: the pages it will take, worked out once
     waiters: list[Waiter] = field(default_factory=list)  # requests waiting for it to become resident
     nbytes: int = 0
@@ -94,6 +99,7 @@ class AdapterManager:
         post: Callable[[Callable[[], None]], None],
         load_workers: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        audit: Callable[[AdapterAuditEvent], None] | None = None,
     ) -> None:
         self.engine = engine
         self.adapters = engine.adapters  # residency, pages and references: asked, never copied
@@ -103,6 +109,7 @@ class AdapterManager:
         self.metrics = metrics
         self.post = post
         self.clock = clock
+        self.audit = audit
         self._entries: dict[str, AdapterEntry] = {}
         self._placing: list[str] = []
         self._pinned: set[str] = set()  # keys of pinned entries
@@ -125,9 +132,20 @@ class AdapterManager:
     def is_resident(self, key: str) -> bool:
         return self.adapters.is_resident(key)
 
-    def want(self, key: str, source: AdapterSource, waiter: Waiter, now: float, tenancy: Tenancy | None = None) -> None:
+    def want(
+        self,
+        key: str,
+        source: AdapterSource,
+        waiter: Waiter,
+        now: float,
+        tenancy: Tenancy | None = None,
+        *,
+        reason: str = "request",
+        cause: str | None = None,
+    ) -> None:
         """Bring ``key`` into the pool; ``waiter`` hears how it went (at once if it is resident). A request's
-        ``tenancy`` makes its tenant the adapter's owner and counts towards the adapter's demand."""
+        ``tenancy`` makes its tenant the adapter's owner and counts towards the adapter's demand. ``reason``
+        (request or prefetch) and ``cause`` (the request or job) go into the audit trail if a load starts."""
         entry = self._entry(key, source)
         entry.last_used = now
         if tenancy is not None:
@@ -141,6 +159,7 @@ class AdapterManager:
         if entry.state is not LoadState.IDLE:
             return  # already on its way: share that load
         entry.load_started = now
+        entry.load_reason, entry.load_cause = reason, cause
         cached = self.host.get(key, now)
         if cached is not None:
             entry.load_tier = "host"
@@ -166,14 +185,15 @@ class AdapterManager:
             else:
                 self._pinned.discard(key)
 
-    def forget(self, key: str, now: float) -> None:
+    def forget(self, key: str, now: float, cause: str | None = None) -> None:
         """Drop ``key`` from every tier: at once where unused, otherwise when its last request ends."""
+        entry = self._entries.get(key)
         if self.host.drop(key):
             self.metrics.adapter_evictions.labels("unload").inc()
-        entry = self._entries.get(key)
+            self._audit("evict", key, entry, tier="host", reason="unload", cause=cause)
         if entry is None:
             return
-        entry.forgotten, entry.pinned = True, False
+        entry.forgotten, entry.pinned, entry.unload_cause = True, False, cause
         self._pinned.discard(key)
         if entry.state is LoadState.PLACING:
             self._placing.remove(key)
@@ -204,6 +224,7 @@ class AdapterManager:
         for key in self.host.expire(now, keep=self._host_keep()):
             self.metrics.adapter_evictions.labels("host_idle").inc()
             entry = self._entries.get(key)
+            self._audit("evict", key, entry, tier="host", reason="host_idle")
             if entry is not None:
                 self._settle(entry, now)
 
@@ -269,6 +290,7 @@ class AdapterManager:
             log.exception("loading adapter %s failed", key)
             self._fetch_failed(entry, LoraplexError(f"loading adapter {key} failed: {exc}"), now)
             return
+        self._audit("verify", key, entry, tier=entry.load_tier, reason="ok", cause=entry.load_cause)
         if entry.forgotten:
             self._fetch_failed(entry, ModelNotFound(f"adapter {key} was unloaded while it loaded", param="model"), now)
             return
@@ -276,9 +298,14 @@ class AdapterManager:
         for evicted in self.host.put(key, plan, now, keep=keep):
             if evicted != key:
                 self.metrics.adapter_evictions.labels("host_lru").inc()
+                self._audit("evict", evicted, self._entries.get(evicted), tier="host", reason="host_lru")
         self._queue_placement(entry, plan)  # even if every asker left: it was wanted, and TTLs clean up
 
     def _fetch_failed(self, entry: AdapterEntry, error: LoraplexError, now: float) -> None:
+        tier = entry.load_tier
+        self._audit(
+            "refuse", entry.key, entry, tier=tier, reason=error.code, cause=entry.load_cause, detail=error.message
+        )
         entry.state = LoadState.IDLE
         self._fail(entry, error)
         self._settle(entry, now)
@@ -320,6 +347,7 @@ class AdapterManager:
             entry.state = LoadState.IDLE
             entry.residency_mark = entry.last_used = now
             self.metrics.adapter_loads.labels(entry.load_tier).inc()
+            self._audit("load", key, entry, tier=entry.load_tier, reason=entry.load_reason, cause=entry.load_cause)
             self.metrics.adapter_load_seconds.observe(max(0.0, now - entry.load_started))
             waiters, entry.waiters = entry.waiters, []
             for waiter in waiters:
@@ -376,6 +404,8 @@ class AdapterManager:
         self._account(now, entry)
         self.adapters.remove(entry.key)
         self.metrics.adapter_evictions.labels(reason).inc()
+        cause = entry.unload_cause if reason == "unload" else None
+        self._audit("evict", entry.key, entry, tier="pool", reason=reason, cause=cause)
         self._settle(entry, now)
 
     def _settle(self, entry: AdapterEntry, now: float) -> None:
@@ -389,6 +419,10 @@ class AdapterManager:
         if not resident and entry.state is LoadState.IDLE and (entry.forgotten or entry.key not in self.host):
             self._entries.pop(entry.key, None)
             self._pinned.discard(entry.key)
+
+    def _audit(self, action: str, key: str, entry: AdapterEntry | None, **facts: str | None) -> None:
+        if self.audit is not None:
+            self.audit(audit_event(action, key, entry.source if entry is not None else None, **facts))  # type: ignore[arg-type]
 
     def _fail(self, entry: AdapterEntry, error: LoraplexError) -> None:
         waiters, entry.waiters = entry.waiters, []

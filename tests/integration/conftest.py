@@ -41,7 +41,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from core import db
-from core.local_services import EmbeddedRedis, ManagedProcess
+from core.local_services import EmbeddedRedis, ManagedProcess, free_port
 from core.models import FineTuneJob, JobEvent, JobStatus
 from core.queue import make_celery
 from core.settings import ENV_PREFIX, Settings, load_settings
@@ -79,6 +79,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+WORKER_METRICS_PORT = f"{ENV_PREFIX}WORKER_METRICS_PORT"
+
+
 def launch_worker(settings: Settings, log_path: Path, **timing: str) -> ManagedProcess:
     """Start ``loraplex worker`` (concurrency 1) for ``settings``; ``timing`` overrides ``TEST_WORKER_TIMING``.
 
@@ -88,6 +91,7 @@ def launch_worker(settings: Settings, log_path: Path, **timing: str) -> ManagedP
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(settings_env(settings))
     env.update({f"{ENV_PREFIX}WORKER_{k}": v for k, v in {**TEST_WORKER_TIMING, **timing}.items()})
+    env.setdefault(WORKER_METRICS_PORT, str(free_port()))  # read it back from the process's env
     env["PYTHONUNBUFFERED"] = "1"
     # Test machines are shared and oversubscribed; OpenMP threads spin-waiting for descheduled siblings
     # make a tiny model's steps ~20x slower than one thread does (measured: 144 s vs 9 s per job).

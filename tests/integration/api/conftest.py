@@ -121,20 +121,28 @@ class PeftAdapters:
     wide_rank: Path  # r above TEST_MAX_LORA_RANK
     other_base: Path  # made for a base with a different hidden size
     dora: Path
+    twin_base: Path  # records a base with the same shapes and other weights (core.base_fingerprint)
+    made_here: Path  # records the tiny base itself
 
 
 @pytest.fixture(scope="session")
 def peft_adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> PeftAdapters:
+    from core.base_fingerprint import fingerprint_base
     from core.tiny_model import TinyModelSpec, make_tiny_model
     from tests.integration.api.peft_adapters import make_peft_adapter
+    from tests.integration.server.adapters import made_on
 
     root = tmp_path_factory.mktemp("peft-adapters")
     other_base = make_tiny_model(root / "narrow-base", TinyModelSpec(hidden=64))
+    twin = make_tiny_model(root / "tiny-twin", TinyModelSpec(seed=1))
+    good = make_peft_adapter(tiny_model_dir, root / "good")
     return PeftAdapters(
-        good=make_peft_adapter(tiny_model_dir, root / "good"),
+        good=good,
         wide_rank=make_peft_adapter(tiny_model_dir, root / "wide", r=2 * TEST_MAX_LORA_RANK),
         other_base=make_peft_adapter(other_base, root / "other-base"),
         dora=make_peft_adapter(tiny_model_dir, root / "dora", use_dora=True),
+        twin_base=made_on(good, root / "twin-made", fingerprint_base(twin)),
+        made_here=made_on(good, root / "made-here", fingerprint_base(tiny_model_dir, "tiny")),
     )
 
 

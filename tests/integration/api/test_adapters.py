@@ -7,8 +7,12 @@ from pathlib import Path
 
 import openai
 import pytest
+from sqlmodel import Session
 
 from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from core.base_fingerprint import read_adapter_origin
+from core.db import make_engine
+from core.models import Adapter
 from core.settings import Settings
 from core.storage import open_store
 from tests.integration.api.conftest import TEST_MAX_LORA_RANK, PeftAdapters, TenantHandle
@@ -62,6 +66,21 @@ def test_deleting_an_adapter_removes_its_model_and_files(
     assert open_store(api_settings).list(f"tenants/{tenant.id}/adapters/") == []
 
 
+def test_an_adapter_records_the_base_it_was_accepted_for(
+    tenant: TenantHandle, peft_adapters: PeftAdapters, api_settings: Settings
+) -> None:
+    """An adapter that records the served base (as trained ones do) uploads with no ``model`` field; the row
+    keeps the fingerprint it was accepted for, which the descriptor hands to servers."""
+    with tenant.http() as http:
+        response = http.post("/v1/adapters", files=adapter_files(peft_adapters.made_here))
+    assert response.status_code == 200, response.text
+    with Session(make_engine(api_settings.db_url)) as session:
+        row = session.get(Adapter, response.json()["id"])
+    assert row is not None
+    served = read_adapter_origin(peft_adapters.made_here / ADAPTER_WEIGHTS_FILE)
+    assert served is not None and row.base_fingerprint == served.fingerprint == row.descriptor().base_fingerprint
+
+
 def test_the_base_model_cannot_be_deleted(tenant: TenantHandle, api_settings: Settings) -> None:
     with pytest.raises(openai.PermissionDeniedError):
         tenant.openai().models.delete(api_settings.model_name or "")
@@ -76,6 +95,7 @@ def test_the_base_model_cannot_be_deleted(tenant: TenantHandle, api_settings: Se
         ("auto_map", "custom code", "auto_map"),
         ("missing_weights", f"lacks {ADAPTER_WEIGHTS_FILE}", ADAPTER_WEIGHTS_FILE),
         ("stray_file", "unexpected file", "notes"),
+        ("twin_base", "made on base model 'tiny-twin'", "model"),
     ],
 )
 def test_mismatched_adapters_are_refused_saying_why(
@@ -92,6 +112,7 @@ def test_mismatched_adapters_are_refused_saying_why(
         "dora": lambda: adapter_files(peft_adapters.dora),
         "auto_map": lambda: with_config(peft_adapters.good, auto_map={"AutoModel": "evil.Model"}),
         "missing_weights": lambda: adapter_files(peft_adapters.good)[:1],
+        "twin_base": lambda: adapter_files(peft_adapters.twin_base),
         "stray_file": lambda: [*adapter_files(peft_adapters.good), ("notes", ("notes.txt", b"hi", "text/plain"))],
     }[case]()
 

@@ -131,6 +131,24 @@ class Deployment:
     def wait_until(self, probe: Callable[[], T | None], what: str, *, timeout: float = 120.0) -> T:
         return wait_until(probe, what, timeout=timeout, logs=self.processes)
 
+    def audit(self, **filters: str) -> list[dict]:
+        """Every ``/admin/audit`` event matching ``filters``, oldest first (following the pages)."""
+        events: list[dict] = []
+        params: dict[str, str | int] = {**filters, "limit": 100}
+        with self.admin() as admin:
+            while True:
+                page = admin.get("/admin/audit", params=params)
+                assert page.status_code == 200, page.text
+                body = page.json()
+                events += body["data"]
+                if not body["has_more"]:
+                    return events[::-1]
+                params["after"] = body["last_id"]
+
+    def wait_for_audit(self, what: str, wanted: Callable[[list[dict]], bool], **filters: str) -> list[dict]:
+        """The audit events matching ``filters`` once ``wanted`` holds for them (replicas send them each beat)."""
+        return self.wait_until(lambda: (events := self.audit(**filters)) and wanted(events) and events, what)
+
     def kill_replica(self, replica_id: str) -> None:
         """SIGKILL one replica, as a crash would. Its process leaves ``processes``: later waits must not take
         this intended death for a crash (they fail at once when a watched process has exited)."""

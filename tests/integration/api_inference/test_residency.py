@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from api.app import create_app
-from api.background.residency import GROUP_PREFIX
+from api.background.streams import GROUP_PREFIX
 from core.local_services import EmbeddedRedis
 from core.protocol import RESIDENCY_STREAM
 from tests.integration.api.live_server import serve

@@ -12,9 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from core.base_fingerprint import BaseFingerprint
 from core.descriptor import AdapterDescriptor
 from core.storage import ObjectStore, sha256_file
 from tests.integration.engine.models import ALL_PROJECTIONS, save_adapter
+from trainer.manifest import stamp_origin
 
 Tensors = dict[str, torch.Tensor]
 
@@ -54,6 +56,13 @@ def copy_adapter(source: Path, out_dir: Path) -> Path:
     for name in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE):
         shutil.copy(source / name, out_dir / name)
     return out_dir
+
+
+def made_on(source: Path, out_dir: Path, base: BaseFingerprint) -> Path:
+    """A copy of ``source`` whose weights file records ``base`` as the one it was made on, as training does."""
+    copy = copy_adapter(source, out_dir)
+    stamp_origin(copy / ADAPTER_WEIGHTS_FILE, base)
+    return copy
 
 
 def upload(store: ObjectStore, adapter_dir: Path, base_model: str, name: str | None = None) -> AdapterDescriptor:

@@ -17,13 +17,13 @@ from typing import TypeVar
 import httpx
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from core.storage import ObjectStore
 from server.config import ServerConfig
 from server.http import create_app
 from server.runtime import ServerRuntime
 from tests.integration.api.live_server import LiveServer, serve
+from tests.prometheus import Metrics
 
 T = TypeVar("T")
 TOKEN = "internal-" + uuid.uuid4().hex
@@ -43,20 +43,6 @@ def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60.0) 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.02)
-
-
-class Metrics:
-    """One scrape of ``/metrics``: ``value("loraplex_pool_pages", kind="kv")``."""
-
-    def __init__(self, text: str) -> None:
-        self.types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-        self.samples: dict[tuple[str, frozenset], float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-
-    def value(self, name: str, **labels: str) -> float:
-        return self.samples.get((name, frozenset(labels.items())), 0.0)
 
 
 @dataclass

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from core.base_fingerprint import BaseFingerprint, fingerprint_base
 from core.descriptor import AdapterDescriptor
 from core.protocol import ADAPTER_FIELD
 from core.storage import S3ObjectStore
+from core.tiny_model import TinyModelSpec, make_tiny_model
 from tests.integration.api.peft_adapters import pickle_payload
-from tests.integration.server.adapters import Tensors, copy_adapter, edited, upload
+from tests.integration.server.adapters import Tensors, copy_adapter, edited, made_on, upload
 from tests.integration.server.harness import NO_EOS, ServerUnderTest, served, server_config
 
 MAX_RANK = 16
@@ -67,9 +69,18 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def adapter_root(tmp_path_factory: pytest.TempPathFactory, peft_dir: Path, outside: Path, marker: Path) -> Path:
+def twin(tmp_path_factory: pytest.TempPathFactory) -> BaseFingerprint:
+    """A base with the tiny model's shapes and other weights."""
+    return fingerprint_base(make_tiny_model(tmp_path_factory.mktemp("twin") / "tiny-twin", TinyModelSpec(seed=1)))
+
+
+@pytest.fixture(scope="module")
+def adapter_root(
+    tmp_path_factory: pytest.TempPathFactory, peft_dir: Path, outside: Path, marker: Path, twin: BaseFingerprint
+) -> Path:
     root = tmp_path_factory.mktemp("root")
     copy_adapter(peft_dir, root / "good")
+    made_on(peft_dir, root / "twin-made", twin)
     for name, (config, tensors, _) in BROKEN.items():
         edited(peft_dir, root / name, config=config, tensors=tensors)
     pickled = root / "pickled"
@@ -145,6 +156,32 @@ def test_paths_that_escape_the_root_are_refused(server, base_name, outside, path
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     still_serving(server, base_name)
+
+
+def test_an_adapter_made_on_a_same_shaped_base_is_refused(
+    server, base_name, s3_store, tiny_model_dir, adapter_root, twin
+):
+    """Shapes fit, so only the fingerprint tells: the one its weights file records (local or stored) and the one
+    the control plane recorded when it accepted the adapter (the descriptor's)."""
+    words = "made on base model 'tiny-twin'"
+    response = load(server, "twin-made", "twin-made")
+    assert response.status_code == 400 and words in response.json()["error"]["message"], response.text
+    assert response.json()["error"]["code"] == "base_model_mismatch"
+    stored = stored_request(server, upload(s3_store, adapter_root / "twin-made", base_name))
+    assert stored.status_code == 400 and words in stored.json()["error"]["message"], stored.text
+
+    good = upload(s3_store, adapter_root / "good", base_name)
+    changed = stored_request(server, good.model_copy(update={"base_fingerprint": twin.digest}))
+    assert changed.status_code == 400 and "its weights changed" in changed.json()["error"]["message"], changed.text
+    ours = fingerprint_base(tiny_model_dir).digest
+    assert stored_request(server, good.model_copy(update={"base_fingerprint": ours})).status_code == 200
+    still_serving(server, base_name)
+
+    refusals = [e for e in server.runtime.audit.take() if e.action == "refuse" and e.reason == "base_model_mismatch"]
+    assert {(e.adapter_name, e.tier) for e in refusals} >= {("twin-made", "local")}
+    assert any(
+        e.tier == "store" and e.sha256 == good.sha256 and "weights changed" in (e.detail or "") for e in refusals
+    )
 
 
 def test_a_missing_local_adapter_is_404(server):

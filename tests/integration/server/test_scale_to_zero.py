@@ -67,6 +67,20 @@ def test_idle_adapters_scale_to_zero_and_come_back(tiny_model_dir: Path, peft_di
         assert last == tokens and stats["cold_start"] is True
         assert server.metrics().value("loraplex_adapter_loads_total", tier="store") == downloads + 1
 
+        # The audit trail holds each step, for this adapter's bytes, caused by a request each time it loaded.
+        events = [e for e in server.runtime.audit.take() if e.adapter_id == adapter.id]
+        replica = server.runtime.config.replica_id
+        assert {(e.sha256, e.adapter_name, e.replica) for e in events} == {(adapter.sha256, adapter.name, replica)}
+        steps = [(e.action, e.tier, e.reason) for e in events]
+        verified, loaded, idle = ("verify", "store", "ok"), ("load", "store", "request"), ("evict", "pool", "idle")
+        assert steps[:3] == [verified, loaded, idle]
+        # The second request found it in host RAM, unless host RAM had let it go already.
+        assert steps[3:-3] in ([("load", "host", "request"), idle], [verified, loaded, idle])
+        assert steps[-3:] == [("evict", "host", "host_idle"), verified, loaded]
+        loads = [e for e in events if e.action == "load"]
+        assert len(loads) == 3 and all(e.cause and e.cause.startswith("request:cmpl-") for e in loads)
+        assert len({e.cause for e in loads}) == 3
+
 
 def test_pinned_adapters_stay_until_unpinned(tiny_model_dir: Path, peft_dir: Path, tmp_path: Path) -> None:
     root = tmp_path / "adapters"

@@ -8,17 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from sqlmodel import col, select
 
+from core.base_fingerprint import fingerprint_base, read_adapter_origin
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS, adapter_prefix
 from core.jobs import request_cancel
 from core.local_services import ManagedProcess
 from core.models import Adapter, FineTuneJob, JobStatus, UsageRecord
-from core.queue import ADAPTER_EVENTS_CHANNEL
+from core.queue import ADAPTER_EVENTS_CHANNEL, train_queue
 from core.storage import sha256_file
-from tests.integration.conftest import Platform
+from tests.integration.conftest import WORKER_METRICS_PORT, Platform
 from tests.integration.training.jobs import (
     MEMORISE,
     adapter_objects,
@@ -29,7 +31,7 @@ from tests.integration.training.jobs import (
     submit_job,
     train_losses,
 )
-from trainer.manifest import fingerprint_base_model
+from tests.prometheus import Metrics
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +72,14 @@ def test_a_job_trains_an_adapter_that_reproduces_its_training_data(
     assert len(losses) == 160  # 16 examples / batch 4 x 40 epochs: one metrics event per step
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 / 10, losses
 
+    # The worker's /metrics counts the attempt (trained in a pool process) and reads its queue's depth.
+    assert module_worker.env is not None
+    scrape = Metrics(httpx.get(f"http://127.0.0.1:{module_worker.env[WORKER_METRICS_PORT]}/metrics", timeout=10).text)
+    assert scrape.value("loraplex_worker_job_duration_seconds_count", method="supervised", outcome="succeeded") >= 1
+    queue = train_queue(platform.settings.model_name or "")
+    assert scrape.has("loraplex_worker_queue_depth", queue=queue)
+    assert scrape.value("loraplex_worker_queue_depth", queue=queue) == 0
+
     [adapter] = adapters_of(platform, job.tenant_id)
     assert job.fine_tuned_model == adapter.name == f"ft:{platform.settings.model_name}:acme:codes:{job.id}"
     assert job.adapter_id == adapter.id and adapter.job_id == job.id
@@ -93,9 +103,15 @@ def test_a_job_trains_an_adapter_that_reproduces_its_training_data(
     manifest = json.loads((local / ADAPTER_MANIFEST).read_text())
     for name, meta in manifest["files"].items():
         assert sha256_file(local / name) == meta["sha256"]
-    base = fingerprint_base_model(tiny_model_dir)
-    assert manifest["base_model"]["weights_sha256"] == base.weights_sha256
-    assert manifest["base_model"]["config_sha256"] == base.config_sha256
+    base = fingerprint_base(tiny_model_dir, adapter.base_model)
+    assert (
+        manifest["base_model"]
+        == {"name": adapter.base_model, "fingerprint": base.digest}
+        == {
+            "name": read_adapter_origin(local / ADAPTER_WEIGHTS).base_model,
+            "fingerprint": adapter.base_fingerprint,
+        }
+    )
     assert (manifest["rank"], adapter.rank) == (MEMORISE["lora_r"], MEMORISE["lora_r"])
     assert manifest["trained_tokens"] == job.trained_tokens > 0
 

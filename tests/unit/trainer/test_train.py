@@ -14,13 +14,14 @@ import typer
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from core.base_fingerprint import AdapterOrigin, fingerprint_base, read_adapter_origin
 from core.descriptor import ADAPTER_CONFIG, ADAPTER_MANIFEST, ADAPTER_WEIGHTS
 from core.hyperparameters import Hyperparameters
 from core.tiny_model import BYTE_OFFSET, FAMILIES, TinyModelSpec, make_tiny_model
 from tests.integration.training.jobs import jsonl, tool_call_rows
 from trainer.cli import register
 from trainer.errors import TrainingCancelled
-from trainer.manifest import fingerprint_base_model, verify_adapter_dir
+from trainer.manifest import verify_adapter_dir
 from trainer.progress import Progress
 from trainer.tokenize import IGNORE_INDEX, tokenize_prompt_completion
 from trainer.train import TrainingRequest, train_adapter
@@ -76,8 +77,9 @@ def test_progress_is_reported_every_step_with_eval_loss_every_epoch(tiny_model_d
     config = json.loads((out / ADAPTER_CONFIG).read_text())
     assert config["base_model_name_or_path"] == "tiny"
     assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8, ["q_proj", "v_proj"])
-    fingerprint = fingerprint_base_model(tiny_model_dir, "tiny")
-    assert manifest["base_model"] == fingerprint.__dict__
+    fingerprint = fingerprint_base(tiny_model_dir, "tiny")
+    assert manifest["base_model"] == {"name": "tiny", "fingerprint": fingerprint.digest}
+    assert read_adapter_origin(out / ADAPTER_WEIGHTS) == AdapterOrigin("tiny", fingerprint.digest)
     assert (manifest["rank"], manifest["alpha"], manifest["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
     assert manifest["trained_tokens"] == result.trained_tokens
     assert manifest["eval_loss"] == result.eval_loss and manifest["train_loss"] == result.train_loss

@@ -1,0 +1,55 @@
+"""Replicas' audit events (``AUDIT_STREAM``) stored as ``AuditEvent`` rows, attributed to the adapter's tenant.
+
+Read through a consumer group (``api.background.streams``), so with several API processes each event is
+stored once. Events of local adapters (a server's own ``--adapter-root``) have no tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api.background.residency import tenants_of
+from api.background.streams import RawEntry, StreamConsumer
+from api.context import ApiContext
+from core.audit import event_row
+from core.protocol import AUDIT_STREAM, AdapterAuditEvent
+
+log = logging.getLogger(__name__)
+
+
+def parse_event(fields: dict[bytes, bytes]) -> AdapterAuditEvent | None:
+    """One stream entry's event (field ``event``: JSON), None when malformed."""
+    try:
+        return AdapterAuditEvent.model_validate_json(fields[b"event"])
+    except (KeyError, ValidationError):
+        return None
+
+
+class AuditRecorder(StreamConsumer):
+    """One API process's consumer of the audit stream."""
+
+    stream = AUDIT_STREAM
+    what = "audit"
+
+    def __init__(self, ctx: ApiContext, *, consumer: str | None = None) -> None:
+        super().__init__(ctx, consumer=consumer)
+        self._tenant_of: dict[str, str] = {}
+
+    async def store(self, raw: Sequence[RawEntry]) -> None:
+        events = [e for _, fields in raw if (e := parse_event(fields)) is not None]
+        if len(events) < len(raw):
+            log.warning("skipping %d malformed audit entries", len(raw) - len(events))
+        await run_in_threadpool(self._store, events)
+
+    def _store(self, events: list[AdapterAuditEvent]) -> None:
+        unknown = {e.adapter_id for e in events if e.adapter_id} - self._tenant_of.keys()
+        if unknown:
+            self._tenant_of.update(tenants_of(self.ctx, unknown))
+        rows = [event_row(e, self._tenant_of.get(e.adapter_id or "")) for e in events]
+        if rows:
+            with self.ctx.session() as session:
+                session.add_all(rows)
