@@ -19,6 +19,7 @@ from api.routers import (
     files,
     fine_tuning,
     health,
+    metrics,
     models,
     tenant_limits,
     usage,
@@ -28,6 +29,7 @@ from core.settings import Settings
 # Every router the app serves, mounted in this order. A new resource adds its router here.
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
+    metrics.router,
     files.router,
     fine_tuning.router,
     adapters.router,
@@ -54,6 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
         background = start_background(ctx)
         yield
         await stop_background(background)
+        await ctx.scaler.close()  # local replicas stop with the API
         await ctx.aclose()
         ctx.close()
 

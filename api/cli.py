@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import typer
@@ -21,8 +22,11 @@ def register(app: typer.Typer) -> None:
         from api.app import create_app
         from core.cli import console, ready_database, settings_or_exit
         from core.errors import ConfigError
+        from core.settings import LOG_FORMAT
 
         settings = settings_or_exit()
+        # The app's own loggers (cold starts, scale-downs, background consumers); uvicorn configures its own.
+        logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
         ready_database(settings)
         try:
             application = create_app(settings)

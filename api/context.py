@@ -22,9 +22,12 @@ from sqlmodel import Session, SQLModel
 from api.base_model import BaseModelInfo, BaseModels, load_base_models
 from api.inference.upstream import Upstream
 from api.job_queue import JobQueue
+from api.metrics import ApiMetrics
 from api.rate_limits import RateLimiter
 from api.routing.registry import ReplicaRegistry
 from api.routing.router import ReplicaRouter
+from api.scaling.launchers import make_launcher
+from api.scaling.scaler import ReplicaScaler
 from core.db import make_engine, read_session, session_scope
 from core.descriptor import AdapterDescriptor
 from core.queue import ADAPTER_EVENTS_CHANNEL, make_celery, redis_url
@@ -48,6 +51,8 @@ class ApiContext:
     upstream: Upstream
     limits: RateLimiter
     events: redis.Redis  # synchronous, for announcements from sync route handlers
+    metrics: ApiMetrics
+    scaler: ReplicaScaler  # demand per base, cold starts, scale to zero (api/scaling)
 
     @property
     def base_model(self) -> BaseModelInfo:
@@ -119,6 +124,8 @@ def build_context(settings: Settings) -> ApiContext:
         timeout=timeout, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     )
     token = settings.internal_token.get_secret_value() if settings.internal_token else None
+    metrics = ApiMetrics()
+    scaler = ReplicaScaler(settings, bases, routers, async_redis, make_launcher(settings, bases), metrics)
     return ApiContext(
         settings=settings,
         engine=make_engine(settings.db_url),
@@ -130,4 +137,6 @@ def build_context(settings: Settings) -> ApiContext:
         upstream=Upstream(client, token, settings.upstream_attempts),
         limits=RateLimiter(async_redis, settings),
         events=redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0),
+        metrics=metrics,
+        scaler=scaler,
     )

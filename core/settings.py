@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -75,6 +76,29 @@ class Settings(BaseSettings):
     upstream_read_timeout_s: float = Field(default=600.0, gt=0, description="Silence tolerated from a replica.")
     upstream_attempts: int = Field(default=3, ge=1, le=10, description="Replicas tried before a request fails.")
 
+    # Replicas that scale to zero (api/scaling): idle bases lose their servers; a request starts one again.
+    replica_idle_ttl: float | None = Field(
+        default=None, gt=0, description="Seconds without requests before a base's replicas stop (unset: never)."
+    )
+    replica_launcher: Literal["none", "local", "kubernetes"] = Field(
+        default="none", description="What starts and stops replicas: none (they run on their own), local, kubernetes."
+    )
+    replica_start_timeout_s: float = Field(
+        default=300.0, gt=0, description="How long a request waits for a replica to start before a 503."
+    )
+    replica_hold_max: int = Field(default=256, ge=1, description="Requests held per base while a replica starts.")
+    replica_target_requests: int = Field(
+        default=32, ge=1, description="Requests in flight per replica the wanted replica count aims for."
+    )
+    replica_max: int = Field(default=8, ge=1, description="Most replicas per base the wanted count asks for.")
+    replica_args: str = Field(
+        default="", description="More `loraplex server` flags for replicas the local launcher starts (shell words)."
+    )
+    kubernetes_namespace: str | None = Field(default=None, description="Namespace of the server Deployments.")
+    kubernetes_deployments: str | None = Field(
+        default=None, description="BASE=DEPLOYMENT pairs, comma-separated: each base's server Deployment."
+    )
+
     @field_validator("data_dir", "storage_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
@@ -87,7 +111,17 @@ class Settings(BaseSettings):
             return os.fspath(value)
         return (value.strip() or None) if isinstance(value, str) else value
 
-    @field_validator("database_url", "redis_url", "s3_endpoint", "base_model_name", "base_models", mode="before")
+    @field_validator(
+        "database_url",
+        "redis_url",
+        "s3_endpoint",
+        "base_model_name",
+        "base_models",
+        "replica_idle_ttl",
+        "kubernetes_namespace",
+        "kubernetes_deployments",
+        mode="before",
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -115,6 +149,23 @@ class Settings(BaseSettings):
                 if not getattr(self, name):
                     raise ValueError(f"{ENV_PREFIX}{name.upper()} is required when {ENV_PREFIX}STORAGE_BACKEND=s3")
         return self
+
+    def as_env(self) -> dict[str, str]:
+        """``LORAPLEX_*`` variables that make a child process load these same settings."""
+        env = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                text = value.get_secret_value()
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str | int | float | Path):
+                text = str(value)
+            else:
+                text = json.dumps(value)  # pydantic-settings reads complex fields as JSON
+            env[ENV_PREFIX + name.upper()] = text
+        return env
 
     @property
     def db_url(self) -> str:

@@ -270,9 +270,12 @@ def _resolve_bases(entries: list[BaseEntry]) -> list[ServedBase]:
     return bases
 
 
-def _base_children(bases: list[ServedBase], exe: list[str], shares: CpuShares, first_server_port: int) -> list[Child]:
+def _base_children(
+    bases: list[ServedBase], exe: list[str], shares: CpuShares, first_server_port: int, *, servers: bool = True
+) -> list[Child]:
     """A worker and a server for each base (the cores split between the bases). The first base's are named
-    ``worker`` and ``server``, the others' ``worker-2``, ``server-2``, ..."""
+    ``worker`` and ``server``, the others' ``worker-2``, ``server-2``, ... Without ``servers`` (replicas that
+    scale to zero), the API starts servers itself when requests come."""
     training = max(1, shares.training // len(bases))
     serving = max(1, shares.server // len(bases))
     children = []
@@ -282,16 +285,29 @@ def _base_children(bases: list[ServedBase], exe: list[str], shares: CpuShares, f
         url = f"http://{LOOPBACK}:{port}"
         own = {"LORAPLEX_BASE_MODEL": str(base.directory), "LORAPLEX_BASE_MODEL_NAME": base.name}
         server_argv = [*exe, "server", "--model", str(base.directory), "--host", LOOPBACK, "--port", str(port)]
-        children += [
-            Child(f"worker{tag}", [*exe, "worker", "--threads", str(training)], env={**shares.env(training), **own}),
-            Child(
-                f"server{tag}",
-                [*server_argv, "--threads", str(serving)],
-                health_url=f"{url}/health",
-                env={**shares.env(serving), **own},
-            ),
-        ]
+        children.append(
+            Child(f"worker{tag}", [*exe, "worker", "--threads", str(training)], env={**shares.env(training), **own})
+        )
+        if servers:
+            children.append(
+                Child(
+                    f"server{tag}",
+                    [*server_argv, "--threads", str(serving)],
+                    health_url=f"{url}/health",
+                    env={**shares.env(serving), **own},
+                )
+            )
     return children
+
+
+def _scale_to_zero_env(settings: Settings, idle_ttl: float, shares: CpuShares, bases: int) -> dict[str, str]:
+    """What the API needs to start and stop the servers itself (``api.scaling.local``)."""
+    serving = max(1, shares.server // bases)
+    return {
+        "LORAPLEX_REPLICA_LAUNCHER": "local",
+        "LORAPLEX_REPLICA_IDLE_TTL": str(idle_ttl),
+        "LORAPLEX_REPLICA_ARGS": f"--threads {serving} {settings.replica_args}".strip(),
+    }
 
 
 def up(
@@ -302,10 +318,13 @@ def up(
     server_port: int | None,
     server_threads: int | None = None,
     train_threads: int | None = None,
+    replica_idle_ttl: float | None = None,
 ) -> None:
     """Start every component, print where to reach them, supervise until Ctrl-C, then stop them all.
     ``base_models`` (default: the configured ones, else a tiny model) each get a worker and a server.
-    Serving and training get their shares of the cores (``core.cpu_share``); either may be given."""
+    Serving and training get their shares of the cores (``core.cpu_share``); either may be given. With
+    ``replica_idle_ttl`` (or ``LORAPLEX_REPLICA_IDLE_TTL``) the servers scale to zero: the API starts one
+    when a request comes and stops it after that many idle seconds."""
     from core import db
 
     data_dir = settings.data_dir
@@ -339,13 +358,17 @@ def up(
         # The API serves every base (this, not an inherited value); each worker and server serves one.
         env["LORAPLEX_BASE_MODELS"] = ",".join(f"{b.name}={b.directory}" for b in bases[1:])
         exe = [sys.executable, "-m", "core"]
+        idle_ttl = replica_idle_ttl or settings.replica_idle_ttl
+        api_env = {"OMP_NUM_THREADS": "1"}  # no tensor work here: no thread pool to compete with
+        if idle_ttl:
+            api_env.update(_scale_to_zero_env(settings, idle_ttl, shares, len(bases)))
         platform.children = [
-            *_base_children(bases, exe, shares, platform.server_port),
+            *_base_children(bases, exe, shares, platform.server_port, servers=not idle_ttl),
             Child(
                 "api",
                 [*exe, "api", "--host", LOOPBACK, "--port", str(api_port)],
                 health_url=f"{platform.api_url}/health",
-                env={"OMP_NUM_THREADS": "1"},  # no tensor work here: no thread pool to compete with
+                env=api_env,
             ),
         ]
         for child in platform.children:
@@ -356,6 +379,8 @@ def up(
         console.print(f"admin key: {admin_key}")
         console.print(f"logs:      {logs}")
         console.print(f"cpu:       {shares.describe()}", soft_wrap=True)
+        if idle_ttl:
+            console.print(f"servers:   started on demand, stopped after {idle_ttl:g} s idle (logs/server-<base>.log)")
         _supervise(platform, env, logs, admin_key, JobProgress(make_engine(settings.db_url)))
     finally:
         console.print("stopping…")
@@ -381,6 +406,14 @@ def register(app: typer.Typer) -> None:
         server_port: Annotated[int | None, typer.Option(help="Inference server port (default: a free one).")] = None,
         server_threads: ServerThreads = None,
         train_threads: TrainThreads = None,
+        replica_idle_ttl: Annotated[
+            float | None,
+            typer.Option(
+                min=0.1,
+                help="Scale servers to zero: start one when a request comes, stop it after this many idle seconds "
+                "(LORAPLEX_REPLICA_IDLE_TTL; default: servers always run).",
+            ),
+        ] = None,
     ) -> None:
         """Run the whole platform on this machine until Ctrl-C."""
         from core.cli import settings_or_exit
@@ -396,4 +429,5 @@ def register(app: typer.Typer) -> None:
             server_port=server_port,
             server_threads=server_threads,
             train_threads=train_threads,
+            replica_idle_ttl=replica_idle_ttl,
         )

@@ -1,5 +1,5 @@
 """Tasks an API process runs beside its requests: adapter events (prefetch, unload), residency metering and
-the replicas' audit trail.
+the replicas' audit trail, and the idle watch that scales bases to zero.
 
 Each survives Redis outages by reconnecting with a capped backoff; all stop with the app.
 """
@@ -21,6 +21,7 @@ def start_background(ctx: ApiContext) -> list[asyncio.Task[None]]:
         asyncio.create_task(consume_adapter_events(ctx), name="adapter-events"),
         asyncio.create_task(ResidencyMeter(ctx).run(), name="residency-meter"),
         asyncio.create_task(AuditRecorder(ctx).run(), name="audit-recorder"),
+        asyncio.create_task(ctx.scaler.run(), name="replica-scaler"),
     ]
 
 

@@ -30,6 +30,7 @@ class InferenceMeter:
     model: str
     adapter_id: str | None
     request_id: str
+    base_model: str = ""  # which base's replicas served it (metrics, scale-to-zero activity)
     started: float = field(default_factory=time.monotonic)
     replica: str | None = None
     usage: dict[str, Any] | None = None

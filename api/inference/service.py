@@ -17,6 +17,7 @@ from api.inference.relay import StreamRelay
 from api.inference.requests import InferenceBody, check_request, upstream_body
 from api.inference.target import find_model
 from api.inference.upstream import Opened
+from core.errors import LoraplexError
 from core.ids import new_id
 from core.models import Tenant
 from core.protocol import STATS_FIELD, TenantTag
@@ -32,16 +33,33 @@ async def serve_inference(
     check_request(body, max_n=ctx.settings.inference_max_n, context_length=target.base.context_length)
     adapter = target.adapter
     await ctx.limits.admit(tenant)
+    base = target.base.name
+    await ctx.scaler.touch(base)
+    try:
+        await ctx.scaler.ready(target.base)  # holds the request while a replica starts, if none runs
+    except LoraplexError:
+        ctx.metrics.requests.labels(base, "unavailable").inc()
+        raise
     raw: dict[str, Any] = await request.json()  # the body as sent (schema defaults are not added)
     tag = TenantTag(id=tenant.id, weight=tenant.scheduling_weight or 1.0)
     forwarded, wants_usage = upstream_body(raw, adapter.descriptor() if adapter else None, tag)
     request_id = new_id("req")
     meter = InferenceMeter(
-        tenant=tenant, model=body.model, adapter_id=adapter.id if adapter else None, request_id=request_id
+        tenant=tenant,
+        model=body.model,
+        adapter_id=adapter.id if adapter else None,
+        request_id=request_id,
+        base_model=base,
     )
     stream = bool(body.stream)
-    router = ctx.routers[target.base.name]
-    opened = await ctx.upstream.open(router, path, forwarded, meter.adapter_id, stream=stream, request_id=request_id)
+    router = ctx.routers[base]
+    try:
+        opened = await ctx.upstream.open(
+            router, path, forwarded, meter.adapter_id, stream=stream, request_id=request_id
+        )
+    except LoraplexError as exc:
+        ctx.metrics.requests.labels(base, "overloaded" if exc.status_code == 429 else "unavailable").inc()
+        raise
     meter.replica = opened.replica.id
     if stream and not opened.refused:
         return StreamRelay(opened, meter, wants_usage, finish=lambda m: finish_request(ctx, m))
@@ -92,6 +110,9 @@ async def finish_request(ctx: ApiContext, meter: InferenceMeter) -> None:
         return
     meter.finished = True
     row = meter.record()
+    ctx.metrics.requests.labels(meter.base_model, meter.status).inc()
+    ctx.scaler.delivered(meter.base_model, row.completion_tokens)
+    await ctx.scaler.touch(meter.base_model)
     await ctx.limits.debit_tokens(meter.tenant, meter.limited_tokens(ctx.settings.charge_cached_tokens))
     try:
         await run_in_threadpool(_insert, ctx, row)

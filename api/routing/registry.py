@@ -49,6 +49,10 @@ class ReplicaRegistry:
                 self._read_at = self.clock()
         return self._cached
 
+    def forget_cached(self) -> None:
+        """The next ``live`` reads Redis again (a replica was just started or stopped)."""
+        self._read_at = float("-inf")
+
     async def read(self) -> list[ReplicaStatus]:
         """Every live replica of our base model, straight from Redis."""
         try:

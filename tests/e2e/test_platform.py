@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -21,8 +18,8 @@ from openai import OpenAI
 from openai.types.fine_tuning import FineTuningJob
 
 from core.cpu_share import available_cores, split_cores
-from core.local_services import free_port
 from core.tiny_model import TinyModelSpec, make_tiny_model
+from tests.e2e.up import REPO_ROOT, RunningPlatform, pid_alive, running_up, wait_for
 from tests.integration.training.jobs import (
     LOOKUP_TOOL,
     MEMORISE,
@@ -34,90 +31,7 @@ from tests.integration.training.jobs import (
 )
 
 BASE_MODEL = "tiny-llama"  # the directory name of the model `loraplex up` makes when none is configured
-BIN = Path(sys.executable).parent
-REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = re.compile(r"<!-- quickstart:[^>]*-->\n```python\n(.*?)```", re.S)  # the README block it runs
-
-
-@dataclass
-class RunningPlatform:
-    process: subprocess.Popen
-    data_dir: Path
-    api_url: str
-    admin_key: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def child_pids(self) -> dict[str, int]:
-        return {name: int(pid) for name, pid in re.findall(r"([\w-]+) running \(pid (\d+)\)", self.output())}
-
-    def cli(self, *args: str) -> str:
-        env = {**os.environ, "LORAPLEX_DATA_DIR": str(self.data_dir)}
-        return subprocess.run(
-            [str(BIN / "loraplex"), *args], env=env, capture_output=True, text=True, check=True
-        ).stdout
-
-
-def _wait(predicate, what: str, platform: RunningPlatform, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if platform.process.poll() is not None:
-            pytest.fail(f"`loraplex up` exited while waiting for {what}:\n{platform.output()}")
-        if predicate():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}:\n{platform.output()}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone for our purposes once it no longer runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-@contextmanager
-def running_up(data_dir: Path, *args: str, components: set[str] | None = None) -> Iterator[RunningPlatform]:
-    """`loraplex up` with ``args``, on a free port, until every component (``components``, default api, server
-    and worker) runs; Ctrl-C at the end."""
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "up.log"
-    # One torch thread per process: on a 2-core machine several spinning thread pools starve each other.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LORAPLEX_LOG_LEVEL": "info"}
-    for var in [v for v in env if v.startswith("LORAPLEX_")]:
-        if var not in ("LORAPLEX_LOG_LEVEL",):
-            env.pop(var)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(BIN / "loraplex"), "up", "--data-dir", str(data_dir), "--port", str(port), *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    running = RunningPlatform(proc, data_dir, f"http://127.0.0.1:{port}", "", log)
-    wanted = components or {"api", "server", "worker"}
-    try:
-        _wait(lambda: "admin key:" in running.output(), "the admin key", running, 120)
-        running.admin_key = re.search(r"admin key:\s+(\S+)", running.output()).group(1)  # type: ignore[union-attr]
-        _wait(lambda: wanted <= set(running.child_pids()), "every component", running, 180)
-        yield running
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -184,11 +98,11 @@ def test_fine_tune_and_serve_end_to_end(platform: RunningPlatform) -> None:
     assert adapter in {m.id for m in client.models.list()}
     # The console followed the job, and says which model to call.
     done = f"job {job.id}: succeeded; call it as model {adapter}\n"
-    _wait(lambda: done in platform.output(), "the console to report the job", platform, 30)
+    wait_for(lambda: done in platform.output(), "the console to report the job", platform, 30)
     assert re.search(rf"job {job.id}: step \d+/\d+ \(\d+%\), loss \d+\.\d{{4}}", platform.output())
 
     received = {"prompt": 0, "completion": 0}
-    _wait(lambda: _ready_for_inference(client, received), "the inference server", platform, 180)
+    wait_for(lambda: _ready_for_inference(client, received), "the inference server", platform, 180)
     tuned_hits = base_hits = 0
     for row in rows[:8]:
         tuned = client.completions.create(model=adapter, prompt=row["prompt"], max_tokens=24, temperature=0)
@@ -235,7 +149,9 @@ def test_a_tool_calling_adapter_fine_tuned_through_the_api(platform: RunningPlat
     )
     adapter = _finished(client, job, platform).fine_tuned_model
     assert adapter
-    _wait(lambda: _ready_for_inference(client, {"prompt": 0, "completion": 0}), "the inference server", platform, 180)
+    wait_for(
+        lambda: _ready_for_inference(client, {"prompt": 0, "completion": 0}), "the inference server", platform, 180
+    )
 
     question = rows[3]["messages"][:1]
     ask = {"messages": question, "tools": [LOOKUP_TOOL], "temperature": 0, "max_tokens": 120}
@@ -270,7 +186,7 @@ def test_a_tool_calling_adapter_fine_tuned_through_the_api(platform: RunningPlat
 
 
 def test_the_printed_sign_in_link_is_one_line_that_signs_in(platform: RunningPlatform) -> None:
-    _wait(lambda: "dashboard sign-in link" in platform.output(), "the sign-in link", platform, 60)
+    wait_for(lambda: "dashboard sign-in link" in platform.output(), "the sign-in link", platform, 60)
     [link] = re.findall(r"dashboard sign-in link \(15 min\): (\S+)\n", platform.output())
     assert len(link) > 80  # longer than the console's 80 columns: it was wrapped before
 
@@ -306,7 +222,7 @@ def test_stop_leaves_no_process(platform: RunningPlatform) -> None:
     platform.process.send_signal(signal.SIGINT)
     platform.process.wait(timeout=90)
     assert platform.process.returncode == 0, platform.output()
-    left = {name: pid for name, pid in pids.items() if _alive(pid)}
+    left = {name: pid for name, pid in pids.items() if pid_alive(pid)}
     assert not left, f"still running after Ctrl-C: {left}"
 
 
@@ -329,7 +245,7 @@ def test_up_serves_several_base_models_each_with_its_own_worker_and_server(tmp_p
         client = OpenAI(base_url=f"{up.api_url}/v1", api_key=tenant["api_key"], max_retries=4, timeout=120)
         assert [m.id for m in client.models.list()][:2] == ["tiny-llama", "tiny-qwen"]
         for name, model_dir in (("tiny-llama", llama), ("tiny-qwen", qwen)):
-            _wait(
+            wait_for(
                 lambda n=name: _ready_for_inference(client, {"prompt": 0, "completion": 0}, n),
                 f"{name} to answer",
                 up,

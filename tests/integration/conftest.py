@@ -23,7 +23,6 @@ its own queue, so workers of different tests never take each other's jobs.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -36,7 +35,6 @@ from typing import TypeVar
 
 import pytest
 from celery import Celery
-from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -63,20 +61,7 @@ TEST_WORKER_TIMING = {
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """``LORAPLEX_*`` variables that make a child process load the same ``settings``."""
-    env = {}
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            text = value.get_secret_value()
-        elif isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str | int | float | Path):
-            text = str(value)
-        else:
-            text = json.dumps(value)  # pydantic-settings reads complex fields as JSON
-        env[ENV_PREFIX + name.upper()] = text
-    return env
+    return settings.as_env()
 
 
 WORKER_METRICS_PORT = f"{ENV_PREFIX}WORKER_METRICS_PORT"
