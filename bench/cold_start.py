@@ -10,9 +10,12 @@ Redis either way), and the real server app under uvicorn on loopback, called wit
   host:  evicted from the pool just before the request (still verified in host RAM): a page copy
   pool:  already resident
   base:  no adapter
+  zero:  the base scaled to zero: through the API, whose local launcher starts a `loraplex server` process
+         for the held request (``bench/from_zero.py``), against the same request through the API warm
 
-Prints the median TTFT per tier, its ratio to base, and the store tier's effective load bandwidth.
-Run: ``python bench/cold_start.py [--trials 7] [--store s3|local]``.
+Prints the median TTFT per tier, its ratio to base, the store tier's effective load bandwidth, and the
+from-zero TTFT with the replica start inside it.
+Run: ``python bench/cold_start.py [--trials 7] [--store s3|local] [--zero-trials 3]``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from openai import OpenAI
 from safetensors.torch import save_file
 
+from bench.from_zero import measure_from_zero
 from core.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, BaseShapes, module_name
 from core.descriptor import AdapterDescriptor
 from core.projections import PROJECTIONS
@@ -102,7 +106,7 @@ def evict_from_pool(runtime: ServerRuntime, descriptor: AdapterDescriptor) -> No
     evicted: list[bool] = []
 
     def job() -> None:
-        evicted.append(runtime.manager.evict(known.key, time.monotonic()))
+        evicted.append(runtime.loop.manager.evict(known.key, time.monotonic()))
         done.set()
 
     runtime.loop.post(job)
@@ -127,6 +131,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--store", choices=("s3", "local"), default="s3")
+    parser.add_argument("--zero-trials", type=int, default=3, help="Rounds from zero (each starts a server; 0: skip).")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="loraplex-cold-start-"))
@@ -136,7 +141,8 @@ def main() -> None:
         spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
         model_dir = make_tiny_model(workdir / "model", spec)
         config = ServerConfig(model=model_dir, pool_bytes=256 << 20, max_model_len=512, num_threads=1,
-                              max_lora_rank=max(64, args.rank), max_resident_adapters=64)  # fmt: skip
+                              max_lora_rank=max(64, args.rank), max_resident_adapters=64,
+                              engine_process=False)  # fmt: skip  (the bench reaches into the engine thread)
         live = serve(create_app(config, store=store))
         client = OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=300)
         while True:  # the engine builds in the background
@@ -147,7 +153,7 @@ def main() -> None:
                 time.sleep(0.1)
         runtime: ServerRuntime = live.app.state.holder.runtime
         base = runtime.base_name
-        shapes = runtime.engine.model_config.base_shapes()
+        shapes = runtime.loop.engine.model_config.base_shapes()
         adapter_dir = write_adapter(workdir / "adapter", shapes, args.rank, seed=0)
         size = (adapter_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
 
@@ -160,6 +166,12 @@ def main() -> None:
             evict_from_pool(runtime, descriptor)
             times["host"].append(ttft(client, descriptor.name, descriptor))
             times["base"].append(ttft(client, base, None))
+        live.stop()
+        live = None
+        zero = None
+        if args.zero_trials:
+            server_args = f"--pool-bytes {256 << 20} --max-model-len 512 --threads 1 --max-resident-adapters 64"
+            zero = measure_from_zero(model_dir, workdir / "zero", args.zero_trials, server_args)
     finally:
         if live is not None:
             live.stop()
@@ -180,6 +192,11 @@ def main() -> None:
               "(download + sha256 + header/shape checks + fp32 load + page copy)")  # fmt: skip
     store_host, host_pool = median["store"] / median["host"], median["host"] / median["pool"]
     print(f"store/host TTFT ratio: {store_host:.1f}x; host/pool: {host_pool:.2f}x")
+    if zero is not None:
+        cold, warm, start = (statistics.median(v) for v in (zero.zero, zero.warm, zero.start))
+        print(f"zero (through the API, {len(zero.zero)} rounds): TTFT {cold * 1e3:.0f} ms = {cold / warm:.0f}x the "
+              f"same request warm through the API ({warm * 1e3:.1f} ms) = {cold / median['base']:.0f}x base above; "
+              f"replica start (process, weights, engine, first heartbeat) {start * 1e3:.0f} ms of it")  # fmt: skip
 
 
 if __name__ == "__main__":
