@@ -140,9 +140,10 @@ def main() -> None:
     try:
         spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
         model_dir = make_tiny_model(workdir / "model", spec)
+        # The engine on a thread of this process: the bench reaches into it to evict an adapter.
         config = ServerConfig(model=model_dir, pool_bytes=256 << 20, max_model_len=512, num_threads=1,
                               max_lora_rank=max(64, args.rank), max_resident_adapters=64,
-                              engine_process=False)  # fmt: skip  (the bench reaches into the engine thread)
+                              engine_process=False)  # fmt: skip
         live = serve(create_app(config, store=store))
         client = OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=300)
         while True:  # the engine builds in the background
