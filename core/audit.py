@@ -28,20 +28,21 @@ class AuditAction(StrEnum):
 
 
 def event_row(event: AdapterAuditEvent, tenant_id: str | None) -> AuditEvent:
-    """The row of a replica's event; ``tenant_id`` is the adapter's owner, looked up by the API."""
+    """The row of a replica's event; ``tenant_id`` is the adapter's owner, looked up by the API. Strings are cut
+    to their columns' widths: one overlong field must not make a batch fail to store, again and again."""
     return AuditEvent(
         id=new_id("audit"),
         at=event.at,
         action=event.action,
         tenant_id=tenant_id,
-        adapter_id=event.adapter_id,
+        adapter_id=event.adapter_id[:40] if event.adapter_id else None,
         adapter_name=event.adapter_name[:512],
         replica=event.replica[:255] or None,
-        sha256=event.sha256,
+        sha256=event.sha256[:64] if event.sha256 else None,
         tier=event.tier[:16],
         reason=event.reason[:64],
-        cause=event.cause,
-        detail=event.detail,
+        cause=event.cause[:128] if event.cause else None,
+        detail=event.detail[:1000] if event.detail else None,
     )
 
 

@@ -112,12 +112,12 @@ async def finish_request(ctx: ApiContext, meter: InferenceMeter) -> None:
     row = meter.record()
     ctx.metrics.requests.labels(meter.base_model, meter.status).inc()
     ctx.scaler.delivered(meter.base_model, row.completion_tokens)
-    await ctx.scaler.touch(meter.base_model)
     await ctx.limits.debit_tokens(meter.tenant, meter.limited_tokens(ctx.settings.charge_cached_tokens))
     try:
         await run_in_threadpool(_insert, ctx, row)
     except Exception:
         log.exception("could not store the usage of request %s (tenant %s)", meter.request_id, meter.tenant.id)
+    await ctx.scaler.touch(meter.base_model)  # last: the usage row matters more than the idle clock
 
 
 def _insert(ctx: ApiContext, row: object) -> None:
