@@ -27,11 +27,19 @@ class AuditAction(StrEnum):
     DELETE = "delete"  # its objects were deleted from the store by the control plane
 
 
-def event_row(event: AdapterAuditEvent, tenant_id: str | None) -> AuditEvent:
+def event_rows(events: list[AdapterAuditEvent], tenant_of: dict[str, str]) -> list[AuditEvent]:
+    """Rows of a batch of replica events, their ids in the order the events happened (ids made in the same
+    millisecond would otherwise sort by their random part)."""
+    ordered = sorted(events, key=lambda e: e.at)
+    ids = sorted(new_id("audit") for _ in ordered)
+    return [event_row(e, tenant_of.get(e.adapter_id or ""), row_id) for e, row_id in zip(ordered, ids, strict=True)]
+
+
+def event_row(event: AdapterAuditEvent, tenant_id: str | None, row_id: str | None = None) -> AuditEvent:
     """The row of a replica's event; ``tenant_id`` is the adapter's owner, looked up by the API. Strings are cut
     to their columns' widths: one overlong field must not make a batch fail to store, again and again."""
     return AuditEvent(
-        id=new_id("audit"),
+        id=row_id or new_id("audit"),
         at=event.at,
         action=event.action,
         tenant_id=tenant_id,

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api.background.residency import tenants_of
 from api.background.streams import RawEntry, StreamConsumer
 from api.context import ApiContext
-from core.audit import event_row
+from core.audit import event_rows
 from core.protocol import AUDIT_STREAM, AdapterAuditEvent
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class AuditRecorder(StreamConsumer):
         unknown = {e.adapter_id for e in events if e.adapter_id} - self._tenant_of.keys()
         if unknown:
             self._tenant_of.update(tenants_of(self.ctx, unknown))
-        rows = [event_row(e, self._tenant_of.get(e.adapter_id or "")) for e in events]
+        rows = event_rows(events, self._tenant_of)
         if rows:
             with self.ctx.session() as session:
                 session.add_all(rows)

@@ -47,6 +47,7 @@ def test_an_announced_adapter_is_prefetched_into_the_pool_of_its_own_replica_onl
         return any(e["action"] == "load" for e in events)
 
     events = serving.wait_for_audit("the prefetch to be audited", loaded, adapter_id=adapter_id)
+    events.sort(key=lambda e: e["at"])
     assert [(e["action"], e["tier"], e["reason"], e["replica"]) for e in events] == [
         ("verify", "store", "ok", home),
         ("load", "store", "prefetch", home),
