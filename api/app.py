@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 
 from api.background import start_background, stop_background
+from api.body_limit import BodyLimit
 from api.context import build_context
 from api.errors import install_error_handlers
 from api.routers import (
@@ -63,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="loraplex", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.context = ctx
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     for router in ROUTERS:
         app.include_router(router)
     return app

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    max_request_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Largest JSON request body (uploads have their own limit)."
+    )
     max_lora_rank: int = Field(default=64, ge=1, le=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

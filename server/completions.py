@@ -46,7 +46,10 @@ class CompletionService:
         return await self._serve(request, body, "completion", completion_prompt)
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
-        tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, self.tool_parser)
+        # Off the event loop: checking the parameters schemas takes up to a second for the largest allowed.
+        tools = await asyncio.to_thread(
+            tool_use, body.tools, body.tool_choice, body.parallel_tool_calls, self.tool_parser
+        )
         prompt_of = partial(chat_prompt, tools=tools.tools if tools else None)
         return await self._serve(request, body, "chat", prompt_of, tools)
 

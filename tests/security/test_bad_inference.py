@@ -18,6 +18,21 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 NESTED = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
+
+def nested_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "hostile", "schema": schema}}
+
+
+WIDE_SCHEMA = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}} for i in range(20_000)]}
+HUGE_PARAMETERS = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(50_000)}}  # 1.3 MB
+
 # name -> (path, JSON body or raw bytes, refusal)
 BAD_REQUESTS: dict[str, tuple[str, dict[str, Any] | bytes, Refusal]] = {
     "max-tokens-beyond-context": (
@@ -90,6 +105,33 @@ BAD_REQUESTS: dict[str, tuple[str, dict[str, Any] | bytes, Refusal]] = {
         Refusal(404, "does not exist or you do not have access to it", "model", "model_not_found"),
     ),
     "model-missing": (COMPLETIONS, {"model": None, "prompt": "hi"}, Refusal(400, "valid string", "model")),
+    # Schemas that would make the grammar compiler explode stop at llguidance's limits (0.2 s at most, measured).
+    "schema-nested-too-deep": (
+        CHAT,
+        {"messages": HI, "response_format": json_schema(nested_schema(900))},
+        Refusal(400, "recursion limit exceeded", "response_format"),
+    ),
+    "schema-too-large": (
+        CHAT,
+        {"messages": HI, "response_format": json_schema(WIDE_SCHEMA)},  # 1.4 MB
+        Refusal(400, "schema too large", "response_format"),
+    ),
+    "body-too-large": (
+        COMPLETIONS,
+        {"prompt": "x" * (17 << 20)},
+        Refusal(413, "JSON request bodies may be at most 16777216 bytes", "body", "payload_too_large"),
+    ),
+    # Tool definitions are bounded before their schemas are checked (about 7 us a byte, on the server).
+    "tools-too-many": (
+        CHAT,
+        {"messages": HI, "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]},
+        Refusal(400, "at most 128 per request", "tools"),
+    ),
+    "tools-too-large": (
+        CHAT,
+        {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": HUGE_PARAMETERS}}]},
+        Refusal(400, "bytes of JSON; at most 131072 per request", "tools"),
+    ),
     "unsupported-option": (
         COMPLETIONS,
         {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]},

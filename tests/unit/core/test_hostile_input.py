@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from core.adapter_format import AdapterFileError, AdapterShapeError, inspect_adapter
 from core.adapter_values import check_finite_weights
+from core.base_fingerprint import read_adapter_origin
 from core.dataset_format import validate_lines
 from tests.unit.engine.test_adapter_format import BASE, write_adapter
 
@@ -41,6 +42,19 @@ def test_deeply_nested_adapter_json_is_refused(tmp_path: Path, where: str) -> No
         (adapter / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     with pytest.raises(AdapterFileError, match="nested too deeply"):
         inspect_adapter(adapter, BASE, 64)
+
+
+@pytest.mark.parametrize("claimed", [8 << 30, 50 << 20, 1 << 63])
+def test_a_header_length_that_claims_gigabytes_is_refused_before_reading(tmp_path: Path, claimed: int) -> None:
+    """The 8-byte length field is checked against the file's size (and a 100 MB cap) before the header is read,
+    so a 100-byte file cannot make a reader allocate what it claims."""
+    adapter = write_adapter(tmp_path / "a")
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(claimed.to_bytes(8, "little") + b'{"__metadata__": {}}' + b" " * 72)
+    with pytest.raises(AdapterFileError, match="corrupt safetensors header length") as refused:
+        inspect_adapter(adapter, BASE, 64)
+    assert refused.value.param == "adapter_model.safetensors"
+    assert read_adapter_origin(weights) is None  # the fingerprint reader refuses it too (and says nothing)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
