@@ -63,11 +63,12 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
         pair.wait_until(lambda: running(pair.replicas[home], pair.settings) >= 1, f"a request to run on {home}")
         stream = client.completions.create(model=model, prompt="Tell a story", stream=True, **LONG)  # type: ignore[call-overload]
         assert next(chunk for chunk in stream if chunk.choices and chunk.choices[0].text)
+        received = 1  # text pieces the client read from the stream before it broke
         pair.kill_replica(home)
 
         with pytest.raises(openai.APIError) as broken:
-            for _ in stream:
-                pass
+            for chunk in stream:
+                received += bool(chunk.choices and chunk.choices[0].text)
         assert "stopped in the middle of the answer" in broken.value.message
         replayed = waiting.result(timeout=300)
     assert replayed.usage is not None and replayed.usage.completion_tokens == 2000
@@ -85,5 +86,8 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
     records = pair.wait_until(lambda: r if len(r := pair.usage_records(tenant.id)) == 8 else None, "all metering")
     # The started stream failed on the dead replica; the waiting request was answered by the other one.
     assert {(r.replica, r.status) for r in records[1:3]} == {(home, "upstream_failed"), (other, "completed")}
+    # The broken stream is billed for what its client received, not for what the dead replica had made.
+    [broken_record] = [r for r in records[1:3] if r.status == "upstream_failed"]
+    assert broken_record.completion_tokens == received
     assert {r.replica for r in records[3:]} == {other}
     pair.wait_until(lambda: adapter["id"] in pair.heartbeats()[other].resident_adapters, "the adapter to move")

@@ -1,5 +1,6 @@
 """Metering: ``/admin/usage`` and ``/v1/usage`` add up to exactly the ``usage`` the client was given, in JSON
-and CSV alike, and a stream the client abandons is still metered at what it received."""
+and CSV alike, for any mix of base, adapter and checkpoint requests, and a stream the client abandons is still
+metered at what it received."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import csv
 import io
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types import CompletionUsage
 
 from tests.integration.api_inference.deployment import Deployment
@@ -61,6 +64,57 @@ def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trai
     assert own["totals"]["prompt_tokens"] == mine["prompt_tokens"]
     assert own["totals"]["completion_tokens"] == mine["completion_tokens"]
     assert own["totals"]["cached_tokens"] == mine["cached_tokens"]
+
+
+Call = tuple[str, str, bool, int, int]  # (model kind, endpoint, stream, n, max_tokens)
+CALLS = st.tuples(
+    st.sampled_from(["base", "adapter", "checkpoint"]),
+    st.sampled_from(["chat", "completions"]),
+    st.booleans(),
+    st.integers(1, 3),
+    st.integers(1, 6),
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mix=st.lists(CALLS, min_size=1, max_size=5))
+def test_usage_totals_equal_what_clients_received_for_any_mix(
+    serving: Deployment, trained_adapter: TrainedAdapter, mix: list[Call]
+) -> None:
+    """Adapter, checkpoint and base requests, streaming or not, one or several choices: the tenant's report grows
+    by exactly the tokens its clients were told they used."""
+    owner = trained_adapter.owner
+    client = owner.openai()
+    checkpoints = sorted(m.id for m in client.models.list() if m.id.startswith(f"{trained_adapter.model}:ckpt-step-"))
+    models = {"base": serving.base_model, "adapter": trained_adapter.model, "checkpoint": checkpoints[-1]}
+    before = tenant_totals(serving, owner.id)
+    received = [0, 0]
+    for kind, endpoint, stream, n, max_tokens in mix:
+        kwargs: dict = {"model": models[kind], "max_tokens": max_tokens, "n": n}
+        if stream:
+            kwargs |= {"stream": True, "stream_options": {"include_usage": True}}
+        if endpoint == "chat":
+            answer = client.chat.completions.create(messages=MESSAGES, **kwargs)
+        else:
+            answer = client.completions.create(prompt="Count with me", **kwargs)
+        usage = [chunk.usage for chunk in answer if chunk.usage is not None][-1] if stream else answer.usage
+        received[0] += usage.prompt_tokens
+        received[1] += usage.completion_tokens
+
+    def grown() -> tuple[int, int] | None:
+        now = tenant_totals(serving, owner.id)
+        metered = now[2] - before[2]
+        return (now[0] - before[0], now[1] - before[1]) if metered == len(mix) else None
+
+    assert serving.wait_until(grown, "every request of the mix to be metered") == tuple(received)
+
+
+def tenant_totals(serving: Deployment, tenant_id: str) -> tuple[int, int, int]:
+    """The tenant's (prompt tokens, completion tokens, requests) so far, from the admin report."""
+    with serving.admin() as admin:
+        report = admin.get("/admin/usage", params={"group_by": "tenant", "from": "2020-01-01"}).json()
+    rows = [row for row in report["data"] if row["tenant_id"] == tenant_id]
+    return (rows[0]["prompt_tokens"], rows[0]["completion_tokens"], rows[0]["requests"]) if rows else (0, 0, 0)
 
 
 def json_and_csv(serving: Deployment, params: dict[str, str]) -> tuple[dict, list[dict[str, str]]]:
