@@ -99,6 +99,8 @@ class LocalObjectStore(ObjectStore):
                 f.flush()
                 os.fsync(f.fileno())
             return self._commit(key, tmp, reader.sha256.hexdigest(), reader.size)
+        except OSError as exc:  # a full or read-only disk: retryable, like an S3 outage; nothing is left behind
+            raise StorageError(f"the object store at {self.root} could not store {key}: {exc.strerror or exc}") from exc
         finally:
             tmp.unlink(missing_ok=True)
 
