@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import APIRouter, FastAPI
 
@@ -11,6 +12,7 @@ from api.background import start_background, stop_background
 from api.body_limit import BodyLimit
 from api.context import build_context
 from api.errors import install_error_handlers
+from api.inference.service import insert_usage
 from api.routers import (
     adapters,
     admin,
@@ -57,6 +59,7 @@ def create_app(settings: Settings) -> FastAPI:
         background = start_background(ctx)
         yield
         await stop_background(background)
+        await ctx.usage_backlog.flush(partial(insert_usage, ctx))  # a last try for rows that waited
         await ctx.scaler.close()  # local replicas stop with the API
         await ctx.aclose()
         ctx.close()

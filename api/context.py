@@ -28,6 +28,7 @@ from api.routing.registry import ReplicaRegistry
 from api.routing.router import ReplicaRouter
 from api.scaling.launchers import make_launcher
 from api.scaling.scaler import ReplicaScaler
+from api.usage.backlog import UsageBacklog
 from core.db import make_engine, read_session, session_scope
 from core.descriptor import AdapterDescriptor
 from core.queue import ADAPTER_EVENTS_CHANNEL, make_celery, redis_url
@@ -53,6 +54,7 @@ class ApiContext:
     events: redis.Redis  # synchronous, for announcements from sync route handlers
     metrics: ApiMetrics
     scaler: ReplicaScaler  # demand per base, cold starts, scale to zero (api/scaling)
+    usage_backlog: UsageBacklog  # usage rows waiting for the database to come back
 
     @property
     def base_model(self) -> BaseModelInfo:
@@ -139,4 +141,5 @@ def build_context(settings: Settings) -> ApiContext:
         events=redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0),
         metrics=metrics,
         scaler=scaler,
+        usage_backlog=UsageBacklog(),
     )

@@ -1,5 +1,5 @@
 """Tasks an API process runs beside its requests: adapter events (prefetch, unload), residency metering and
-the replicas' audit trail, and the idle watch that scales bases to zero.
+the replicas' audit trail, the idle watch that scales bases to zero, and usage rows waiting for the database.
 
 Each survives Redis outages by reconnecting with a capped backoff; all stop with the app.
 """
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 
 from api.background.adapter_events import consume_adapter_events
 from api.background.audit import AuditRecorder
 from api.background.residency import ResidencyMeter
 from api.context import ApiContext
+from api.inference.service import insert_usage
 
 
 def start_background(ctx: ApiContext) -> list[asyncio.Task[None]]:
@@ -22,6 +24,7 @@ def start_background(ctx: ApiContext) -> list[asyncio.Task[None]]:
         asyncio.create_task(ResidencyMeter(ctx).run(), name="residency-meter"),
         asyncio.create_task(AuditRecorder(ctx).run(), name="audit-recorder"),
         asyncio.create_task(ctx.scaler.run(), name="replica-scaler"),
+        asyncio.create_task(ctx.usage_backlog.run(partial(insert_usage, ctx)), name="usage-backlog"),
     ]
 
 

@@ -19,7 +19,7 @@ from api.inference.target import find_model
 from api.inference.upstream import Opened
 from core.errors import LoraplexError
 from core.ids import new_id
-from core.models import Tenant
+from core.models import Tenant, UsageRecord
 from core.protocol import STATS_FIELD, TenantTag
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,18 @@ async def finish_request(ctx: ApiContext, meter: InferenceMeter) -> None:
     await ctx.limits.debit_tokens(meter.tenant, meter.limited_tokens(ctx.settings.charge_cached_tokens))
     try:
         await run_in_threadpool(_insert, ctx, row)
-    except Exception:
-        log.exception("could not store the usage of request %s (tenant %s)", meter.request_id, meter.tenant.id)
+    except Exception as exc:  # the database is away: the row waits and is stored once it answers
+        log.warning("usage of request %s waits for the database: %s", meter.request_id, exc)
+        ctx.usage_backlog.add(row)
     await ctx.scaler.touch(meter.base_model)  # last: the usage row matters more than the idle clock
 
 
 def _insert(ctx: ApiContext, row: object) -> None:
     with ctx.session() as session:
         session.add(row)
+
+
+def insert_usage(ctx: ApiContext, rows: list[UsageRecord]) -> None:
+    """Store ``rows`` in one transaction (the backlog's writer)."""
+    with ctx.session() as session:
+        session.add_all(rows)

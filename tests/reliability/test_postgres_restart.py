@@ -1,0 +1,107 @@
+"""PostgreSQL goes away while a stream is being served (every connection cut, new ones refused, as during a
+restart) and comes back: the stream finishes, requests meanwhile get a retryable 503, and the stream's usage row
+is stored once the database answers again (``api/usage/backlog.py``), with what the client was told.
+
+Runs when ``LORAPLEX_TEST_POSTGRES_URL`` is set, on a database of its own that it closes and reopens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from core.local_services import EmbeddedRedis
+from tests.integration.api_inference.deployment import Deployment, deploy
+from tests.reliability.stack import assert_retryable_outage
+from tests.services import S3Service
+
+pytestmark = pytest.mark.slow
+
+Switch = Callable[[bool], None]
+
+
+@pytest.fixture
+def database() -> Iterator[tuple[str, Switch]]:
+    """A fresh database, and a switch that cuts and refuses its connections (False) or lets them in (True)."""
+    base = os.environ.get("LORAPLEX_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("LORAPLEX_TEST_POSTGRES_URL is not set")
+    admin_url = make_url(base).set(drivername="postgresql+psycopg")
+    name = f"loraplex_restart_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def available(on: bool) -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if on else "false"}'))
+            if not on:
+                conn.execute(
+                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+                )
+
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False), available
+    finally:
+        available(True)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+    database: tuple[str, Switch],
+    redis_service: EmbeddedRedis,
+    s3_service: S3Service,
+    tiny_model_dir: Path,
+) -> Iterator[Deployment]:
+    deployment = deploy(tmp_path, redis_service.url, s3_service, tiny_model_dir, database_url=database[0])
+    try:
+        deployment.start_replicas(tiny_model_dir, [f"pg-{uuid.uuid4().hex[:6]}"], tmp_path)
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def test_a_stream_served_across_a_database_restart_is_still_metered(
+    stack: Deployment, database: tuple[str, Switch]
+) -> None:
+    _, available = database
+    tenant = stack.make_tenant()
+    body = {
+        "model": stack.base_model,
+        "prompt": "Keep talking",
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    usage = None
+    with tenant.http() as http, http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert any(line.startswith("data: {") for line in lines)  # the stream has started
+        available(False)  # the database "restarts" under it
+        try:
+            during = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2})
+            assert_retryable_outage(during, "service_unavailable")  # its key cannot be checked meanwhile
+            for line in lines:
+                if line.startswith("data: {") and '"usage":{' in line:
+                    usage = json.loads(line.removeprefix("data: "))["usage"]
+        finally:
+            available(True)
+    assert usage is not None and usage["completion_tokens"] == 300
+
+    [record] = stack.wait_until(lambda: stack.usage_records(tenant.id), "the waiting usage row to be stored")
+    assert (record.prompt_tokens, record.completion_tokens, record.status) == (
+        usage["prompt_tokens"],
+        300,
+        "completed",
+    )
