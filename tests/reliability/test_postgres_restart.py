@@ -1,6 +1,7 @@
-"""PostgreSQL goes away while a stream is being served (every connection cut, new ones refused, as during a
-restart) and comes back: the stream finishes, requests meanwhile get a retryable 503, and the stream's usage row
-is stored once the database answers again (``api/usage/backlog.py``), with what the client was told.
+"""PostgreSQL goes away (every connection cut, new ones refused, as during a restart) and comes back. A stream
+being served finishes, requests meanwhile get a retryable 503, and the stream's usage row is stored once the
+database answers again (``api/usage/backlog.py``), with what the client was told; a job training meanwhile
+finishes exactly once.
 
 Runs when ``LORAPLEX_TEST_POSTGRES_URL`` is set, on a database of its own that it closes and reopens.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,13 +19,25 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from core.local_services import EmbeddedRedis
+from core.models import JobStatus
+from tests.integration.api.datasets import chat_jsonl
 from tests.integration.api_inference.deployment import Deployment, deploy
-from tests.reliability.stack import assert_retryable_outage
+from tests.integration.conftest import launch_worker
+from tests.reliability.stack import (
+    TINY_JOB,
+    assert_retryable_outage,
+    job_adapters,
+    job_events,
+    job_row,
+    training_records,
+)
 from tests.services import S3Service
 
 pytestmark = pytest.mark.slow
 
 Switch = Callable[[bool], None]
+UPLOAD = {"purpose": "fine-tune"}
+OUTAGE_S = 6.0
 
 
 @pytest.fixture
@@ -105,3 +119,32 @@ def test_a_stream_served_across_a_database_restart_is_still_metered(
         300,
         "completed",
     )
+
+
+def test_a_job_training_across_a_database_restart_finishes_once(
+    stack: Deployment, database: tuple[str, Switch], tmp_path: Path
+) -> None:
+    _, available = database
+    tenant = stack.make_tenant()
+    with tenant.http() as http:
+        file_id = http.post("/v1/files", files={"file": ("t.jsonl", chat_jsonl(24))}, data=UPLOAD).json()["id"]
+        body = {"model": stack.base_model, "training_file": file_id, "hyperparameters": {**TINY_JOB, "n_epochs": 6}}
+        job_id = http.post("/v1/fine_tuning/jobs", json=body).json()["id"]
+    worker = launch_worker(stack.settings, tmp_path / "worker.log")
+    stack.processes.append(worker)
+    try:
+        stepping = lambda: any("Step " in e for e in job_events(stack, job_id))  # noqa: E731
+        stack.wait_until(stepping, "the job to train", timeout=120)
+        available(False)
+        time.sleep(OUTAGE_S)  # heartbeats, progress events and a checkpoint meet the closed database
+        available(True)
+        stack.wait_until(lambda: job_row(stack, job_id).status in JobStatus.TERMINAL, "the job to end", timeout=300)
+    finally:
+        worker.stop()
+        stack.processes.remove(worker)
+
+    job = job_row(stack, job_id)
+    events = job_events(stack, job_id)
+    assert job.status == JobStatus.SUCCEEDED, (job.error_message, events)
+    assert events.count("The job has successfully completed") == 1
+    assert len(job_adapters(stack, job_id)) == 1 and len(training_records(stack, job_id)) == 1
