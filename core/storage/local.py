@@ -93,16 +93,28 @@ class LocalObjectStore(ObjectStore):
         validate_key(key)
         tmp = self._tmp / uuid.uuid4().hex
         try:
-            with open(tmp, "wb") as f:
+            with self._disk(key):
+                f = open(tmp, "wb")  # noqa: SIM115 (closed below, whichever side fails)
+            with f:
+                # The source's own errors (a client that went away) pass through as they are.
                 while chunk := reader.read(CHUNK):
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            return self._commit(key, tmp, reader.sha256.hexdigest(), reader.size)
-        except OSError as exc:  # a full or read-only disk: retryable, like an S3 outage; nothing is left behind
-            raise StorageError(f"the object store at {self.root} could not store {key}: {exc.strerror or exc}") from exc
+                    with self._disk(key):
+                        f.write(chunk)
+                with self._disk(key):
+                    f.flush()
+                    os.fsync(f.fileno())
+            with self._disk(key):
+                return self._commit(key, tmp, reader.sha256.hexdigest(), reader.size)
         finally:
             tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _disk(self, key: str) -> Iterator[None]:
+        """A full or read-only disk is retryable, like an S3 outage (and the caller leaves nothing behind)."""
+        try:
+            yield
+        except OSError as exc:
+            raise StorageError(f"the object store at {self.root} could not store {key}: {exc.strerror or exc}") from exc
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> ObjectInfo:
         import io
