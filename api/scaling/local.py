@@ -37,8 +37,10 @@ class LocalLauncher:
     def start(self, base: BaseModelInfo) -> None:
         with self._lock:
             running = self._processes.get(base.name)
-            if running is not None and running.alive():
-                return
+            if running is not None:
+                if running.alive():
+                    return
+                running.stop()  # one that died: reap it and close its log before starting another
             self._serial += 1
             port = free_port()
             replica_id = f"{base.name}-local-{os.getpid()}-{self._serial}"
