@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.background.residency import tenants_of
 from api.background.streams import RawEntry, StreamConsumer
-from api.context import ApiContext
 from core.audit import event_rows
 from core.protocol import AUDIT_STREAM, AdapterAuditEvent
 
@@ -35,10 +33,6 @@ class AuditRecorder(StreamConsumer):
     stream = AUDIT_STREAM
     what = "audit"
 
-    def __init__(self, ctx: ApiContext, *, consumer: str | None = None) -> None:
-        super().__init__(ctx, consumer=consumer)
-        self._tenant_of: dict[str, str] = {}
-
     async def store(self, raw: Sequence[RawEntry]) -> None:
         events = [e for _, fields in raw if (e := parse_event(fields)) is not None]
         if len(events) < len(raw):
@@ -46,10 +40,7 @@ class AuditRecorder(StreamConsumer):
         await run_in_threadpool(self._store, events)
 
     def _store(self, events: list[AdapterAuditEvent]) -> None:
-        unknown = {e.adapter_id for e in events if e.adapter_id} - self._tenant_of.keys()
-        if unknown:
-            self._tenant_of.update(tenants_of(self.ctx, unknown))
-        rows = event_rows(events, self._tenant_of)
+        rows = event_rows(events, self.owners({e.adapter_id for e in events if e.adapter_id}))
         if rows:
             with self.ctx.session() as session:
                 session.add_all(rows)

@@ -14,12 +14,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlmodel import select
 from starlette.concurrency import run_in_threadpool
 
 from api.background.streams import RawEntry, StreamConsumer
-from api.context import ApiContext
-from core.models import Adapter, UsageRecord
+from core.models import UsageRecord
 from core.protocol import RESIDENCY_STREAM
 
 log = logging.getLogger(__name__)
@@ -80,10 +78,6 @@ class ResidencyMeter(StreamConsumer):
     stream = RESIDENCY_STREAM
     what = "residency"
 
-    def __init__(self, ctx: ApiContext, *, consumer: str | None = None) -> None:
-        super().__init__(ctx, consumer=consumer)
-        self._tenant_of: dict[str, str] = {}
-
     async def store(self, raw: Sequence[RawEntry]) -> None:
         entries = [e for entry_id, fields in raw if (e := parse_entry(entry_id, fields)) is not None]
         if len(entries) < len(raw):
@@ -91,17 +85,7 @@ class ResidencyMeter(StreamConsumer):
         await run_in_threadpool(self._store, entries)
 
     def _store(self, entries: list[ResidencyEntry]) -> None:
-        unknown = {e.adapter_id for e in entries} - self._tenant_of.keys()
-        if unknown:
-            self._tenant_of.update(tenants_of(self.ctx, unknown))
-        rows = residency_rows(entries, self._tenant_of)
+        rows = residency_rows(entries, self.owners({e.adapter_id for e in entries}))
         if rows:
             with self.ctx.session() as session:
                 session.add_all(rows)
-
-
-def tenants_of(ctx: ApiContext, adapter_ids: set[str]) -> dict[str, str]:
-    """The owning tenant of each of ``adapter_ids`` that exists (deleted ones too)."""
-    with ctx.reading() as session:
-        rows = session.exec(select(Adapter.id, Adapter.tenant_id).where(Adapter.id.in_(adapter_ids))).all()  # type: ignore[attr-defined]
-    return dict(rows)

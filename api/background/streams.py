@@ -17,9 +17,11 @@ import uuid
 from collections.abc import Sequence
 
 from redis.exceptions import ResponseError
+from sqlmodel import col, select
 
 from api.background.retry import keep_running
 from api.context import ApiContext
+from core.models import Adapter
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,17 @@ class StreamConsumer:
         self.ctx = ctx
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.group = GROUP_PREFIX + ctx.base_model.name
+        self._tenant_of: dict[str, str] = {}  # adapter id -> owning tenant: it never changes, so it is kept
+
+    def owners(self, adapter_ids: set[str]) -> dict[str, str]:
+        """The owning tenant of every adapter known so far, asking the database only for new ids (deleted
+        adapters included; ids of no adapter are simply absent). Blocking: call it from a worker thread."""
+        unknown = adapter_ids - self._tenant_of.keys()
+        if unknown:
+            with self.ctx.reading() as session:
+                rows = session.exec(select(Adapter.id, Adapter.tenant_id).where(col(Adapter.id).in_(unknown))).all()
+            self._tenant_of.update(dict(rows))
+        return self._tenant_of
 
     async def store(self, raw: Sequence[RawEntry]) -> None:
         """Commit what ``raw`` entries say (malformed ones are skipped, with a warning)."""
