@@ -90,6 +90,7 @@ class ApiMetrics:
                 live = None
             if live is not None:
                 self.replicas_live.labels(base).set(live)
-            self.idle_seconds.labels(base).set(await scaler.idle_for(base))
-            self.replicas_wanted.labels(base).set(await scaler.wanted(base))
+            idle = await scaler.idle_for(base)
+            self.idle_seconds.labels(base).set(idle)
+            self.replicas_wanted.labels(base).set(scaler.wanted(base, idle))
         return generate_latest(self.registry)

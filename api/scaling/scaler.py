@@ -165,15 +165,15 @@ class ReplicaScaler:
         """Requests of ``base`` this process has in flight at replicas, and holds for a start."""
         return sum(self.routers[base].in_flight.values()), self.demand[base].held
 
-    async def wanted(self, base: str) -> int:
-        """The replica count ``base``'s load asks for (``api.scaling.demand.replicas_wanted``)."""
+    def wanted(self, base: str, idle_s: float) -> int:
+        """The replica count ``base``'s load asks for, idle ``idle_s`` seconds (``idle_for``, read once by the
+        caller, which reports it too): ``api.scaling.demand.replicas_wanted``."""
         in_flight, held = self.busy(base)
         settings = self.settings
-        idle = await self.idle_for(base) if settings.replica_idle_ttl is not None else 0.0
         return replicas_wanted(
             in_flight,
             held,
-            idle,
+            idle_s,
             idle_ttl=settings.replica_idle_ttl,
             target_requests=settings.replica_target_requests,
             most=settings.replica_max,
@@ -195,11 +195,11 @@ class ReplicaScaler:
 
     async def _settle(self, base: BaseModelInfo, ttl: float) -> None:
         assert self.launcher is not None
-        if base.name in self._launches or await self.wanted(base.name) > 0:
-            return
-        if await run_in_threadpool(self.launcher.replicas, base) == 0:
+        if base.name in self._launches:
             return
         idle = await self.idle_for(base.name)
+        if self.wanted(base.name, idle) > 0 or await run_in_threadpool(self.launcher.replicas, base) == 0:
+            return
         log.info("%s idle for %.0f s (ttl %.0f s): stopping its replicas", base.name, idle, ttl)
         await run_in_threadpool(self.launcher.stop, base)
         self.routers[base.name].registry.forget_cached()
