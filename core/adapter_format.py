@@ -228,8 +228,10 @@ class TensorHeader:
     shape: tuple[int, ...]
 
 
-def read_safetensors_header(path: str | Path) -> dict[str, TensorHeader]:
-    """Tensor names, dtypes and shapes from a safetensors header, checked for internal consistency."""
+def read_header_json(path: str | Path) -> tuple[dict[str, Any], int, int]:
+    """A safetensors file's header as JSON (``__metadata__`` included), where its data starts, and the file's
+    size. The length field is checked against the file's size and ``MAX_HEADER_BYTES`` before anything is read,
+    so a small file cannot make a reader allocate the gigabytes it claims."""
     path = Path(path)
     size = path.stat().st_size
     with path.open("rb") as f:
@@ -247,8 +249,15 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorHeader]:
             ) from exc
     if not isinstance(raw, dict):
         raise AdapterFileError(f"{path.name} header is not a JSON object", param=path.name)
+    return raw, 8 + n, size
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, TensorHeader]:
+    """Tensor names, dtypes and shapes from a safetensors header, checked for internal consistency."""
+    path = Path(path)
+    raw, data_start, size = read_header_json(path)
     raw.pop("__metadata__", None)
-    data_bytes = size - 8 - n
+    data_bytes = size - data_start
     tensors: dict[str, TensorHeader] = {}
     for key, info in raw.items():
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.adapter_format import AdapterFileError, read_header_json
 from core.errors import InvalidRequest
 
 FINGERPRINT_VERSION = "bfp1"
@@ -32,7 +33,6 @@ SAMPLE_WINDOWS = 8
 WINDOW_ELEMENTS = 256
 FINGERPRINT_KEY = "loraplex.base_fingerprint"
 BASE_NAME_KEY = "loraplex.base_model"
-MAX_HEADER_BYTES = 100 << 20
 # Fields that say how a config was saved or how it is run, not what the weights compute.
 VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"})
 _ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -77,7 +77,8 @@ def fingerprint_base(model_dir: str | Path, name: str | None = None) -> BaseFing
     digest.update(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode())
     tensors: dict[str, tuple[Path, int, dict]] = {}
     for path in files:
-        header, data_start = _read_header(path)
+        header, data_start, _ = read_header_json(path)
+        header.pop("__metadata__", None)
         for key, info in header.items():
             tensors[key] = (path, data_start, info)
     for key in sorted(tensors):
@@ -85,16 +86,6 @@ def fingerprint_base(model_dir: str | Path, name: str | None = None) -> BaseFing
         digest.update(f"\n{key}|{list(info['shape'])}|".encode())
         digest.update(_sample(path, data_start, info))
     return BaseFingerprint(name=name or root.name, digest=f"{FINGERPRINT_VERSION}:{digest.hexdigest()}")
-
-
-def _read_header(path: Path) -> tuple[dict[str, dict], int]:
-    with path.open("rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n > MAX_HEADER_BYTES:
-            raise ValueError(f"{path} has a corrupt safetensors header length")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header, 8 + n
 
 
 def _sample(path: Path, data_start: int, info: dict) -> bytes:
@@ -134,14 +125,10 @@ def read_adapter_origin(weights_path: str | Path) -> AdapterOrigin | None:
     """The base an adapter's weights file says it was made on, or None when it records none (adapters
     trained elsewhere). A malformed header is left for ``core.adapter_format`` to describe."""
     try:
-        with Path(weights_path).open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n > MAX_HEADER_BYTES:
-                return None
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, RecursionError):
+        header, _, _ = read_header_json(weights_path)
+    except (OSError, AdapterFileError):
         return None
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    metadata = header.get("__metadata__")
     if not isinstance(metadata, dict) or not isinstance(metadata.get(FINGERPRINT_KEY), str):
         return None
     name = metadata.get(BASE_NAME_KEY)
