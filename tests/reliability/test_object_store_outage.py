@@ -12,19 +12,17 @@ from pathlib import Path
 import pytest
 
 from core.local_services import EmbeddedRedis
-from core.models import JobStatus
 from tests.integration.api.datasets import chat_jsonl
 from tests.integration.api.peft_adapters import adapter_files
 from tests.integration.api_inference.deployment import Deployment, deploy
-from tests.integration.conftest import launch_worker
 from tests.reliability.stack import (
     TINY_JOB,
     assert_retryable_outage,
+    assert_succeeded_once,
     holdings,
-    job_adapters,
+    job_ended,
     job_events,
-    job_row,
-    training_records,
+    worker_on,
 )
 from tests.services import S3Service, restart_seaweed_s3, start_seaweed_s3
 
@@ -104,22 +102,12 @@ def test_a_job_that_meets_the_outage_waits_it_out_and_finishes_once(
         job_id = http.post("/v1/fine_tuning/jobs", json=body).json()["id"]
 
     private_s3.stop()  # before any worker takes the job: its attempt finds the training file unreachable
-    worker = launch_worker(stack.settings, tmp_path / "worker.log")
-    stack.processes.append(worker)
-    try:
+    with worker_on(stack, tmp_path / "worker.log"):
         interrupted = lambda: any("Training was interrupted" in e for e in job_events(stack, job_id))  # noqa: E731
         stack.wait_until(interrupted, "the job to meet the outage", timeout=120)
         restart_seaweed_s3(private_s3)
-        stack.wait_until(lambda: job_row(stack, job_id).status in JobStatus.TERMINAL, "the job to end", timeout=300)
-    finally:
-        worker.stop()
-        stack.processes.remove(worker)
+        stack.wait_until(lambda: job_ended(stack, job_id), "the job to end", timeout=300)
 
-    job = job_row(stack, job_id)
-    events = job_events(stack, job_id)
-    assert job.status == JobStatus.SUCCEEDED, (job.error_message, events)
+    job, adapter = assert_succeeded_once(stack, job_id)
     assert job.attempts == 1 and job.transient_failures >= 1  # the outage cost no attempt
-    assert events.count("The job has successfully completed") == 1
-    [adapter] = job_adapters(stack, job_id)
-    assert len(training_records(stack, job_id)) == 1
     assert len([k for k in holdings(stack, tenant).objects if k.startswith(adapter.storage_prefix)]) == 3

@@ -19,17 +19,15 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from core.local_services import EmbeddedRedis
-from core.models import JobStatus
 from tests.integration.api.datasets import chat_jsonl
 from tests.integration.api_inference.deployment import Deployment, deploy
-from tests.integration.conftest import launch_worker
 from tests.reliability.stack import (
     TINY_JOB,
     assert_retryable_outage,
-    job_adapters,
+    assert_succeeded_once,
+    job_ended,
     job_events,
-    job_row,
-    training_records,
+    worker_on,
 )
 from tests.services import S3Service
 
@@ -130,21 +128,12 @@ def test_a_job_training_across_a_database_restart_finishes_once(
         file_id = http.post("/v1/files", files={"file": ("t.jsonl", chat_jsonl(24))}, data=UPLOAD).json()["id"]
         body = {"model": stack.base_model, "training_file": file_id, "hyperparameters": {**TINY_JOB, "n_epochs": 6}}
         job_id = http.post("/v1/fine_tuning/jobs", json=body).json()["id"]
-    worker = launch_worker(stack.settings, tmp_path / "worker.log")
-    stack.processes.append(worker)
-    try:
+    with worker_on(stack, tmp_path / "worker.log"):
         stepping = lambda: any("Step " in e for e in job_events(stack, job_id))  # noqa: E731
         stack.wait_until(stepping, "the job to train", timeout=120)
         available(False)
         time.sleep(OUTAGE_S)  # heartbeats, progress events and a checkpoint meet the closed database
         available(True)
-        stack.wait_until(lambda: job_row(stack, job_id).status in JobStatus.TERMINAL, "the job to end", timeout=300)
-    finally:
-        worker.stop()
-        stack.processes.remove(worker)
+        stack.wait_until(lambda: job_ended(stack, job_id), "the job to end", timeout=300)
 
-    job = job_row(stack, job_id)
-    events = job_events(stack, job_id)
-    assert job.status == JobStatus.SUCCEEDED, (job.error_message, events)
-    assert events.count("The job has successfully completed") == 1
-    assert len(job_adapters(stack, job_id)) == 1 and len(training_records(stack, job_id)) == 1
+    assert_succeeded_once(stack, job_id)

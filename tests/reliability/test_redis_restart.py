@@ -12,7 +12,6 @@ import pytest
 
 from core.jobs import enqueue_job
 from core.local_services import EmbeddedRedis
-from core.models import JobStatus
 from core.queue import make_celery, train_queue, waiting_job_ids
 from core.storage import open_store
 from tests.integration.api.datasets import chat_jsonl
@@ -22,10 +21,10 @@ from tests.integration.conftest import launch_worker
 from tests.reliability.stack import (
     TINY_JOB,
     assert_retryable_outage,
-    job_adapters,
+    assert_succeeded_once,
+    job_ended,
     job_events,
     job_row,
-    training_records,
 )
 from tests.services import S3Service, restart_redis
 
@@ -46,10 +45,6 @@ def stack(
 def create_job(http: httpx.Client, deployment: Deployment, file_id: str) -> httpx.Response:
     body = {"model": deployment.base_model, "training_file": file_id, "hyperparameters": TINY_JOB}
     return http.post("/v1/fine_tuning/jobs", json=body)
-
-
-def ended(deployment: Deployment, job_id: str) -> bool:
-    return job_row(deployment, job_id).status in JobStatus.TERMINAL
 
 
 def test_while_redis_is_down_only_what_needs_it_is_refused_and_it_recovers_by_itself(
@@ -109,17 +104,12 @@ def test_jobs_whose_messages_redis_forgot_still_run_each_exactly_once(
         stack.processes.append(launch_worker(stack.settings, tmp_path / f"worker-{n}.log"))
 
     jobs = [*forgotten, fresh]
-    stack.wait_until(lambda: all(ended(stack, j) for j in jobs), "every job to end", timeout=300)
+    stack.wait_until(lambda: all(job_ended(stack, j) for j in jobs), "every job to end", timeout=300)
     celery.close()
 
     for job_id in jobs:
-        job = job_row(stack, job_id)
-        events = job_events(stack, job_id)
-        assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 1), (job.error_message, events)
-        assert events.count("Fine-tuning job started") == 1
-        assert events.count("The job has successfully completed") == 1
-        [adapter] = job_adapters(stack, job_id)
-        assert len(training_records(stack, job_id)) == 1
+        job, adapter = assert_succeeded_once(stack, job_id)
+        assert job.attempts == 1 and job_events(stack, job_id).count("Fine-tuning job started") == 1
         stored = open_store(stack.settings).list(adapter.storage_prefix)
         assert len(stored) == 3  # config, weights, manifest: one adapter's worth, not two
     for job_id in forgotten:
