@@ -17,11 +17,10 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int | None, typer.Option(help="Port (LORAPLEX_API_PORT).")] = None,
     ) -> None:
         """Serve the OpenAI-compatible API (docs at /docs); SQLite databases are migrated first."""
-        import uvicorn
-
         from api.app import create_app
         from core.cli import console, ready_database, settings_or_exit
         from core.errors import ConfigError
+        from core.http_server import http_server
         from core.settings import LOG_FORMAT
 
         settings = settings_or_exit()
@@ -33,9 +32,4 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             console.print(f"[red]error:[/red] {exc.message}")
             raise typer.Exit(2) from None
-        uvicorn.run(
-            application,
-            host=host or settings.api_host,
-            port=port or settings.api_port,
-            log_level=settings.log_level,
-        )
+        http_server(application, settings, host=host or settings.api_host, port=port or settings.api_port).run()

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     )
     max_lora_rank: int = Field(default=64, ge=1, le=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    http_keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        description="How long the API and inference servers keep an idle client connection open; longer than "
+        "clients and load balancers keep theirs (see core/http_server.py).",
+    )
 
     # Inference through the API: per-tenant limits (a tenant row's own values override the defaults;
     # 0 means no limit), request caps, and how the API talks to inference server replicas.

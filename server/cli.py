@@ -120,10 +120,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a base model and its LoRA adapters over an OpenAI-compatible API (object store, token and
         Redis from LORAPLEX_*)."""
-        import uvicorn
 
         from core.cli import console, settings_or_exit
         from core.errors import ConfigError
+        from core.http_server import http_server
         from core.model_source import default_model_name, resolve_model_dir
         from core.settings import LOG_FORMAT
         from core.storage import open_store
@@ -176,9 +176,7 @@ def register(app: typer.Typer) -> None:
             server.should_exit = True  # uvicorn's loop checks it a few times a second
 
         app_ = create_app(config, store=open_store(settings), on_engine_failure=engine_failed)
-        server = uvicorn.Server(
-            uvicorn.Config(app_, host=host, port=port, log_level=settings.log_level, timeout_graceful_shutdown=10)
-        )
+        server = http_server(app_, settings, host=host, port=port, graceful_shutdown_s=10)
         server.run()
         if failures:
             # Exit so a supervisor (`loraplex up`, systemd, Kubernetes) learns why; 2: fix the configuration.
