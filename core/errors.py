@@ -91,6 +91,13 @@ class RateLimited(LoraplexError):
         self.retry_after = retry_after
 
 
+class ClientGone(LoraplexError):
+    """The client disconnected; its request was dropped (nginx's 499: nobody reads the answer)."""
+
+    status_code = 499
+    default_code = "client_closed_request"
+
+
 class ServiceUnavailable(LoraplexError):
     """A dependency (database, Redis, object store, inference server) is down; retry later."""
 

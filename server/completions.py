@@ -16,12 +16,12 @@ from functools import partial
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from core.errors import InvalidRequest, LoraplexError
+from core.disconnect import unless_disconnected
+from core.errors import ClientGone, InvalidRequest, LoraplexError
 from core.protocol import REQUEST_ID_HEADER
 from server.adapters.registry import KnownAdapter
-from server.disconnect import EventStream, unless_disconnected
+from server.disconnect import EventStream
 from server.engine import CompletionOutput, RequestOutput
-from server.engine_loop import ClientGone
 from server.openai_params import chat_prompt, completion_prompt, sampling_params, tenancy
 from server.openai_render import Kind, Renderer, TokenText
 from server.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -90,7 +90,7 @@ class CompletionService:
         headers = {REQUEST_ID_HEADER: known_as}
         runtime.loop.submit(ticket)
         try:
-            await unless_disconnected(request, ticket.admitted)
+            await unless_disconnected(request.receive, ticket.admitted)
         except ClientGone:
             runtime.loop.cancel(ticket)
             return Response(status_code=CLIENT_CLOSED)
@@ -104,13 +104,14 @@ class CompletionService:
             self.token_text,
             return_token_ids=body.return_token_ids,
             include_usage=body.include_usage,
+            continuous_usage=body.continuous_usage,
             tools=tools if tools and tools.parses else None,
         )
         if body.stream:
             events = self._events(ticket, renderer)
             return EventStream(events, on_close=lambda: runtime.loop.cancel(ticket), headers=headers)
         try:
-            final, completions = await unless_disconnected(request, _collect(ticket))
+            final, completions = await unless_disconnected(request.receive, _collect(ticket))
         except ClientGone:
             runtime.loop.cancel(ticket)
             return Response(status_code=CLIENT_CLOSED)

@@ -1,45 +1,20 @@
 """Noticing that a client went away, so its request stops using the engine and frees its pages.
 
 Waiting (for an adapter, for admission) and non-streaming generation race a listener on the ASGI
-``receive`` channel; streams use :class:`EventStream`, which listens while it sends, whatever ASGI spec
-version the server speaks.
+``receive`` channel (``core.disconnect.unless_disconnected``); streams use :class:`EventStream`, which
+listens while it sends, whatever ASGI spec version the server speaks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable
 
 import anyio
-from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from server.engine_loop import ClientGone
-
-T = TypeVar("T")
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable``; raise ``ClientGone`` (cancelling it) if the client disconnects first."""
-    task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
-        raise ClientGone("the client disconnected")
-    return task.result()
+from core.disconnect import wait_for_disconnect
 
 
 class EventStream(StreamingResponse):
@@ -61,7 +36,7 @@ class EventStream(StreamingResponse):
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream)
-                await _disconnected(receive)
+                await wait_for_disconnect(receive)
                 group.cancel_scope.cancel()
         finally:
             self.on_close()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from core.errors import LoraplexError, RateLimited, ServiceUnavailable
+from core.errors import ClientGone, LoraplexError, RateLimited, ServiceUnavailable
 from server.adapters.manager import AdapterManager, TierSnapshot, Waiter
 from server.adapters.registry import KnownAdapter
 from server.engine import LLMEngine, RequestOutput
@@ -31,13 +31,6 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 1.0  # idle wake-up, for residency accounting and TTLs when nothing else happens
 RETRY_AFTER_S = 1.0
 TENANT_LOADS_S = 0.25  # how fresh the per-tenant loads in metrics and heartbeats are
-
-
-class ClientGone(LoraplexError):
-    """The client disconnected; its request was dropped."""
-
-    status_code = 499
-    default_code = "client_closed_request"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class Renderer:
     token_text: TokenText
     return_token_ids: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # every chunk's usage is the usage so far, not null
     tools: ToolUse | None = None  # chat with tools whose calls are parsed out of the text
     created: int = field(default_factory=lambda: int(time.time()))
     _text_offsets: dict[int, int] = field(default_factory=dict)
@@ -131,7 +132,8 @@ class Renderer:
         return chunk
 
     def delta_chunk(self, out: RequestOutput, stats: RequestStats | None) -> dict | None:
-        """One step's deltas; the last chunk carries the stats unless a usage chunk follows."""
+        """One step's deltas (with the usage so far, when continuous); the last chunk carries the stats
+        unless a usage chunk follows."""
         choices = []
         for c in out.outputs:
             if not (c.new_text or c.new_token_ids or c.finished):
@@ -149,6 +151,8 @@ class Renderer:
         if not choices:
             return None
         chunk = self._chunk(choices)
+        if self.continuous_usage:
+            chunk["usage"] = usage(out)
         if out.finished and stats is not None and not self.include_usage:
             chunk[STATS_FIELD] = stats.model_dump()
         return chunk

@@ -33,9 +33,8 @@ class InferenceMeter:
     base_model: str = ""  # which base's replicas served it (metrics, scale-to-zero activity)
     started: float = field(default_factory=time.monotonic)
     replica: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None  # the server's count: the whole answer's, or a stream's so far
     stats: dict[str, Any] | None = None
-    delivered_pieces: int = 0  # text-carrying choice deltas sent to the client
     first_output_at: float | None = None
     status: str = Outcome.COMPLETED
     finished: bool = False  # charged and recorded
@@ -43,15 +42,12 @@ class InferenceMeter:
     def saw_output(self, pieces: int) -> None:
         if pieces and self.first_output_at is None:
             self.first_output_at = time.monotonic()
-        self.delivered_pieces += pieces
 
     def tokens(self) -> tuple[int, int]:
-        """(prompt, completion) tokens: the server's count, or what was delivered when the stream broke off
-        before the server's usage arrived (one decode step per delivered piece)."""
+        """(prompt, completion) tokens: the server's count as of the last chunk relayed (streams carry it on
+        every chunk), so a stream cut short is billed for what went out; nothing when no output did."""
         usage = self.usage or {}
-        prompt = _int(usage.get("prompt_tokens"))
-        completion = _int(usage.get("completion_tokens")) if self.usage else self.delivered_pieces
-        return prompt, completion
+        return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
     def cached_tokens(self) -> int:
         """Prompt tokens the server found in its prefix cache (``usage.prompt_tokens_details.cached_tokens``)."""

@@ -1,6 +1,6 @@
 """Relaying a replica's SSE stream to the client as it arrives, rewriting only what the contract requires:
-``STATS_FIELD`` is taken out (it is for metering), and the usage chunk the API asked for on the
-client's behalf is dropped when the client did not ask for it.
+``STATS_FIELD`` is taken out (it is for metering), and the usage the API asked for on the client's behalf
+(on every chunk) is cut back to what the client asked for (``UsageShown``).
 
 A stream that breaks after output started ends with an OpenAI error event and ``data: [DONE]``, so
 clients stop instead of hanging. A client that goes away stops the upstream request at once. Either
@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import error_body
 from api.inference.metering import InferenceMeter, Outcome
+from api.inference.requests import UsageShown
 from api.inference.sse import Chunk, encode_event, parse_event
 from api.inference.upstream import Opened
 from core.protocol import STATS_FIELD
@@ -38,10 +39,10 @@ class StreamRelay(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, opened: Opened, meter: InferenceMeter, wants_usage: bool, finish: Finish) -> None:
+    def __init__(self, opened: Opened, meter: InferenceMeter, usage_shown: UsageShown, finish: Finish) -> None:
         self.opened = opened
         self.meter = meter
-        self.wants_usage = wants_usage
+        self.usage_shown = usage_shown
         self.finish = finish
         self.ended = False  # [DONE] was relayed
         self.status_code = 200
@@ -107,7 +108,7 @@ class StreamRelay(Response):
         await send({"type": "http.response.body", "body": broken_stream_events(message), "more_body": True})
 
     async def _deliver(self, chunk: Chunk, send: Send) -> None:
-        data = client_event(chunk, self.meter, wants_usage=self.wants_usage)
+        data = client_event(chunk, self.meter, self.usage_shown)
         if chunk.done:
             self.ended = True
             await self._finish()  # metered before the client sees the end (see finish_request)
@@ -115,7 +116,7 @@ class StreamRelay(Response):
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
-def client_event(chunk: Chunk, meter: InferenceMeter, *, wants_usage: bool) -> bytes | None:
+def client_event(chunk: Chunk, meter: InferenceMeter, usage_shown: UsageShown) -> bytes | None:
     """What the client gets for a replica's ``chunk`` (None: nothing), metering it on the way."""
     body = chunk.body
     if body is None:
@@ -129,10 +130,15 @@ def client_event(chunk: Chunk, meter: InferenceMeter, *, wants_usage: bool) -> b
         meter.stats = stats if isinstance(stats, dict) else None
         changed = True
     if chunk.usage is not None:
-        meter.usage = chunk.usage
-        if not wants_usage:
-            if not body.get("choices"):
+        meter.usage = chunk.usage  # the usage so far: what is billed if the stream ends after this chunk
+    if "usage" in body and usage_shown is not UsageShown.EVERY_CHUNK:
+        if not body.get("choices"):
+            if chunk.usage is not None and usage_shown is UsageShown.NONE:
                 return None  # the usage chunk itself, which this client did not ask for
+        elif usage_shown is UsageShown.NONE:
             del body["usage"]
+            changed = True
+        elif body["usage"] is not None:
+            body["usage"] = None  # OpenAI's shape: only the last chunk has the usage
             changed = True
     return encode_event(body) if changed else chunk.raw

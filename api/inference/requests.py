@@ -4,6 +4,7 @@ forwarded to a replica."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -21,6 +22,17 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     include_usage: bool | None = Field(default=None, description="Send a final chunk with token usage.")
+    continuous_usage_stats: bool | None = Field(
+        default=None, description="With include_usage: every chunk carries the usage so far (vLLM's extension)."
+    )
+
+
+class UsageShown(StrEnum):
+    """Which of a stream's usage the client asked to see."""
+
+    NONE = "none"
+    FINAL = "final"  # include_usage: a last chunk with the usage; every other chunk says "usage": null
+    EVERY_CHUNK = "every_chunk"  # and continuous_usage_stats: each chunk has the usage so far
 
 
 class ChatMessage(BaseModel):
@@ -78,20 +90,22 @@ def check_request(body: InferenceBody, *, max_n: int, context_length: int | None
 
 def upstream_body(
     raw: dict[str, Any], adapter: AdapterDescriptor | None, tenant: TenantTag
-) -> tuple[dict[str, Any], bool]:
-    """The body a replica gets (tagged with its tenant), and whether the client asked for the usage chunk.
+) -> tuple[dict[str, Any], UsageShown]:
+    """The body a replica gets (tagged with its tenant), and which usage its client asked to see.
 
-    Streams always ask the server for usage (metering needs it); the relay drops that chunk again when
-    the client did not ask for it.
+    Streams always ask the server for the usage on every chunk: a stream that ends early (the client
+    leaves, the replica dies) is then metered at exactly the tokens of the chunks that went out, its
+    prompt included. The relay takes out again what the client did not ask for.
     """
     body = {key: value for key, value in raw.items() if key not in RESERVED_FIELDS}
-    wants_usage = False
+    shown = UsageShown.NONE
     if body.get("stream"):
         options = dict(body.get("stream_options") or {})
-        wants_usage = bool(options.get("include_usage"))
-        options["include_usage"] = True
+        if options.get("include_usage"):
+            shown = UsageShown.EVERY_CHUNK if options.get("continuous_usage_stats") else UsageShown.FINAL
+        options["include_usage"] = options["continuous_usage_stats"] = True
         body["stream_options"] = options
     if adapter is not None:
         body[ADAPTER_FIELD] = adapter.model_dump(mode="json")
     body[TENANT_FIELD] = tenant.model_dump(mode="json")
-    return body, wants_usage
+    return body, shown

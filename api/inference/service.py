@@ -17,7 +17,8 @@ from api.inference.relay import StreamRelay
 from api.inference.requests import InferenceBody, check_request, upstream_body
 from api.inference.target import find_model
 from api.inference.upstream import Opened
-from core.errors import LoraplexError
+from core.disconnect import unless_disconnected
+from core.errors import ClientGone, LoraplexError
 from core.ids import new_id
 from core.models import Tenant, UsageRecord
 from core.protocol import STATS_FIELD, TenantTag
@@ -42,7 +43,7 @@ async def serve_inference(
         raise
     raw: dict[str, Any] = await request.json()  # the body as sent (schema defaults are not added)
     tag = TenantTag(id=tenant.id, weight=tenant.scheduling_weight or 1.0)
-    forwarded, wants_usage = upstream_body(raw, adapter.descriptor() if adapter else None, tag)
+    forwarded, usage_shown = upstream_body(raw, adapter.descriptor() if adapter else None, tag)
     request_id = new_id("req")
     meter = InferenceMeter(
         tenant=tenant,
@@ -54,15 +55,22 @@ async def serve_inference(
     stream = bool(body.stream)
     router = ctx.routers[base]
     try:
-        opened = await ctx.upstream.open(
-            router, path, forwarded, meter.adapter_id, stream=stream, request_id=request_id
+        # A client that leaves before the answer starts (or, not streaming, before it is complete) stops
+        # the replica's work, and is billed for nothing: nothing reached it.
+        opened = await unless_disconnected(
+            request.receive,
+            ctx.upstream.open(router, path, forwarded, meter.adapter_id, stream=stream, request_id=request_id),
         )
+    except ClientGone:
+        meter.status = Outcome.CLIENT_DISCONNECTED
+        await finish_request(ctx, meter)
+        return Response(status_code=ClientGone.status_code)
     except LoraplexError as exc:
         ctx.metrics.requests.labels(base, "overloaded" if exc.status_code == 429 else "unavailable").inc()
         raise
     meter.replica = opened.replica.id
     if stream and not opened.refused:
-        return StreamRelay(opened, meter, wants_usage, finish=lambda m: finish_request(ctx, m))
+        return StreamRelay(opened, meter, usage_shown, finish=lambda m: finish_request(ctx, m))
     try:
         return answer_in_full(opened, meter)
     finally:

@@ -72,8 +72,8 @@ class Chunk:
         return error if isinstance(error, dict) else None
 
     def pieces(self) -> int:
-        """Choices in this chunk that carry generated text (one decode step each), for counting what was
-        delivered when a stream ends before its usage arrives."""
+        """Choices in this chunk that carry generated text (one decode step each): the first such chunk is
+        the answer's first output (time to first token; the answer is committed to its replica)."""
         if not self.body:
             return 0
         count = 0

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 
 from api.inference.sse import Chunk, EventSplitter, parse_event
@@ -154,6 +155,13 @@ class Upstream:
         except ReplicaUnusable:
             assert opened is not None
             await opened.close()
+            raise
+        except BaseException:  # cancelled (its client went away): free the replica's slot, abort its work
+            with anyio.CancelScope(shield=True):
+                if opened is not None:
+                    await opened.close()
+                else:
+                    router.finish(replica.id)
             raise
         router.answered(replica.id)
         return opened

@@ -61,14 +61,17 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(client.completions.create, model=model, prompt="Another story", **LONG)
         pair.wait_until(lambda: running(pair.replicas[home], pair.settings) >= 1, f"a request to run on {home}")
-        stream = client.completions.create(model=model, prompt="Tell a story", stream=True, **LONG)  # type: ignore[call-overload]
-        assert next(chunk for chunk in stream if chunk.choices and chunk.choices[0].text)
-        received = 1  # text pieces the client read from the stream before it broke
+        # The client asks for the usage on every chunk (vLLM's continuous_usage_stats): it knows what it got.
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        stream = client.completions.create(
+            model=model, prompt="Tell a story", stream=True, stream_options=options, **LONG
+        )  # type: ignore[call-overload]
+        received = next(chunk for chunk in stream if chunk.choices and chunk.choices[0].text).usage
         pair.kill_replica(home)
 
         with pytest.raises(openai.APIError) as broken:
             for chunk in stream:
-                received += bool(chunk.choices and chunk.choices[0].text)
+                received = chunk.usage or received
         assert "stopped in the middle of the answer" in broken.value.message
         replayed = waiting.result(timeout=300)
     assert replayed.usage is not None and replayed.usage.completion_tokens == 2000
@@ -88,6 +91,10 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
     assert {(r.replica, r.status) for r in records[1:3]} == {(home, "upstream_failed"), (other, "completed")}
     # The broken stream is billed for what its client received, not for what the dead replica had made.
     [broken_record] = [r for r in records[1:3] if r.status == "upstream_failed"]
-    assert broken_record.completion_tokens == received
+    assert received is not None and received.completion_tokens >= 1
+    assert (broken_record.prompt_tokens, broken_record.completion_tokens) == (
+        received.prompt_tokens,
+        received.completion_tokens,
+    )
     assert {r.replica for r in records[3:]} == {other}
     pair.wait_until(lambda: adapter["id"] in pair.heartbeats()[other].resident_adapters, "the adapter to move")

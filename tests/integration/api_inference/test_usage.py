@@ -1,17 +1,20 @@
 """Metering: ``/admin/usage`` and ``/v1/usage`` add up to exactly the ``usage`` the client was given, in JSON
-and CSV alike, for any mix of base, adapter and checkpoint requests, and a stream the client abandons is still
-metered at what it received."""
+and CSV alike, for any mix of base, adapter and checkpoint requests, including requests their clients leave
+early: those are metered at what went out to them."""
 
 from __future__ import annotations
 
 import csv
 import io
 
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai import Stream
 from openai.types import CompletionUsage
 
+from core.models import UsageRecord
 from tests.integration.api_inference.deployment import Deployment
 from tests.integration.api_inference.serving import TrainedAdapter
 
@@ -66,14 +69,18 @@ def test_usage_reports_add_up_to_what_clients_received(serving: Deployment, trai
     assert own["totals"]["cached_tokens"] == mine["cached_tokens"]
 
 
-Call = tuple[str, str, bool, int, int]  # (model kind, endpoint, stream, n, max_tokens)
+Call = tuple[str, str, bool, int, int, bool]  # (model kind, endpoint, stream, n, max_tokens, left early)
 CALLS = st.tuples(
     st.sampled_from(["base", "adapter", "checkpoint"]),
     st.sampled_from(["chat", "completions"]),
     st.booleans(),
     st.integers(1, 3),
     st.integers(1, 6),
+    st.booleans(),
 )
+LONG = 400  # max_tokens of a request its client leaves early: far from done when the client goes
+READ_BEFORE_LEAVING = 2  # text chunks a client reads of a stream before it leaves
+GIVE_UP_AFTER_S = 0.2  # a client that does not stream gives up this soon
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,32 +88,72 @@ CALLS = st.tuples(
 def test_usage_totals_equal_what_clients_received_for_any_mix(
     serving: Deployment, trained_adapter: TrainedAdapter, mix: list[Call]
 ) -> None:
-    """Adapter, checkpoint and base requests, streaming or not, one or several choices: the tenant's report grows
-    by exactly the tokens its clients were told they used."""
+    """Adapter, checkpoint and base requests, streaming or not, one or several choices, some left early by
+    their clients: the tenant's report grows by exactly the tokens its clients were told they used. A stream
+    its client leaves is billed its prompt and at least the tokens read, less than the whole answer; a
+    request given up before its answer is billed nothing."""
     owner = trained_adapter.owner
     client = owner.openai()
     checkpoints = sorted(m.id for m in client.models.list() if m.id.startswith(f"{trained_adapter.model}:ckpt-step-"))
     models = {"base": serving.base_model, "adapter": trained_adapter.model, "checkpoint": checkpoints[-1]}
     before = tenant_totals(serving, owner.id)
     received = [0, 0]
-    for kind, endpoint, stream, n, max_tokens in mix:
-        kwargs: dict = {"model": models[kind], "max_tokens": max_tokens, "n": n}
+    left: dict[str, tuple[CompletionUsage, int]] = {}  # request id of a stream left early -> (last usage read, n)
+    gave_up = 0
+    for kind, endpoint, stream, n, max_tokens, leaves in mix:
+        kwargs: dict = {"model": models[kind], "max_tokens": LONG if leaves else max_tokens, "n": n}
+        if leaves:
+            kwargs["extra_body"] = {"ignore_eos": True}
         if stream:
-            kwargs |= {"stream": True, "stream_options": {"include_usage": True}}
-        if endpoint == "chat":
-            answer = client.chat.completions.create(messages=MESSAGES, **kwargs)
-        else:
-            answer = client.completions.create(prompt="Count with me", **kwargs)
+            options = {"include_usage": True, "continuous_usage_stats": leaves}  # the usage so far, per chunk
+            kwargs |= {"stream": True, "stream_options": options}
+        caller = client.with_options(timeout=GIVE_UP_AFTER_S, max_retries=0) if leaves and not stream else client
+        try:
+            if endpoint == "chat":
+                answer = caller.chat.completions.create(messages=MESSAGES, **kwargs)
+            else:
+                answer = caller.completions.create(prompt="Count with me", **kwargs)
+        except openai.APITimeoutError:
+            gave_up += 1
+            continue
+        if stream and leaves:
+            left[answer.response.headers["x-request-id"]] = (read_some_and_leave(answer), n)
+            continue
         usage = [chunk.usage for chunk in answer if chunk.usage is not None][-1] if stream else answer.usage
         received[0] += usage.prompt_tokens
         received[1] += usage.completion_tokens
 
-    def grown() -> tuple[int, int] | None:
-        now = tenant_totals(serving, owner.id)
-        metered = now[2] - before[2]
-        return (now[0] - before[0], now[1] - before[1]) if metered == len(mix) else None
+    def metered() -> list[UsageRecord] | None:
+        records = serving.usage_records(owner.id)[before[2] :]
+        return records if len(records) == len(mix) else None
 
-    assert serving.wait_until(grown, "every request of the mix to be metered") == tuple(received)
+    records = serving.wait_until(metered, "every request of the mix to be metered")
+    by_id = {r.request_id: r for r in records}
+    for request_id, (read, n) in left.items():
+        record = by_id[request_id]
+        assert record.status == "client_disconnected"
+        assert record.prompt_tokens == read.prompt_tokens  # the prompt was computed: it is billed
+        assert read.completion_tokens <= record.completion_tokens < LONG * n  # what went out, not the whole
+    left_early = [r for r in records if r.status == "client_disconnected"]
+    assert len(left_early) == len(left) + gave_up
+    assert all(r.completion_tokens == r.prompt_tokens == 0 for r in left_early if r.request_id not in left)
+    billed_for_left = (sum(by_id[i].prompt_tokens for i in left), sum(by_id[i].completion_tokens for i in left))
+    now = tenant_totals(serving, owner.id)
+    grown = (now[0] - before[0], now[1] - before[1], now[2] - before[2])
+    assert grown == (received[0] + billed_for_left[0], received[1] + billed_for_left[1], len(mix))
+
+
+def read_some_and_leave(stream: Stream) -> CompletionUsage:
+    """Read a stream until ``READ_BEFORE_LEAVING`` chunks carried text, then close it: the usage so far."""
+    usage, texts = None, 0
+    for chunk in stream:
+        usage = chunk.usage or usage
+        texts += any(c.delta.content if hasattr(c, "delta") else c.text for c in chunk.choices)
+        if texts == READ_BEFORE_LEAVING:
+            break
+    stream.close()
+    assert usage is not None and usage.completion_tokens >= READ_BEFORE_LEAVING
+    return usage
 
 
 def tenant_totals(serving: Deployment, tenant_id: str) -> tuple[int, int, int]:

@@ -712,3 +712,23 @@ def test_bad_tenancy_fields_are_400s_naming_them(server, base_name, extra, param
         response = http.post("/v1/completions", json={"model": base_name, "prompt": PROMPT, "max_tokens": 1, **extra})
     assert response.status_code == 400, response.text
     assert param in response.text
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server, base_name):
+    """vLLM's ``stream_options.continuous_usage_stats``: the API asks for it on every stream, so a stream cut
+    short is billed at the usage of the last chunk that went out."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": base_name, "prompt": PROMPT, "max_tokens": 4, "n": 2, "ignore_eos": True, "stream": True}
+    with server.http() as http, http.stream("POST", "/v1/completions", json=body | {"stream_options": options}) as r:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: {")]
+    *deltas, last = chunks
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 8  # both choices' tokens
+    so_far = [c["usage"]["completion_tokens"] for c in deltas]
+    assert so_far == sorted(so_far) and so_far[-1] == 8  # grows with each step, to the final count
+    assert sum(len(c["choices"]) for c in deltas) == 8  # one step of each choice per token, all counted
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {last["usage"]["prompt_tokens"]}
+
+    without = {"include_usage": False, "continuous_usage_stats": True}  # as in vLLM: only with include_usage
+    with server.http() as http, http.stream("POST", "/v1/completions", json=body | {"stream_options": without}) as r:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks and all("usage" not in c for c in chunks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from api.inference.metering import InferenceMeter, Outcome
 from api.inference.relay import broken_stream_events, client_event
+from api.inference.requests import UsageShown
 from api.inference.sse import EventSplitter, encode_event, parse_event
 from core.models import Tenant
 from core.protocol import STATS_FIELD
@@ -11,8 +12,12 @@ from core.protocol import STATS_FIELD
 STATS = {"replica": "r1", "cold_start": True, "adapter_load_ms": 12.0, "queue_ms": 1.0, "gpu_seconds": 0.25}
 
 
-def text(piece: str) -> dict:
-    return {"id": "c", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+def text(piece: str, so_far: int | None = None) -> dict:
+    """A content chunk; with ``so_far``, as the API asks replicas for it: the usage up to this chunk."""
+    chunk: dict = {"id": "c", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+    if so_far is not None:
+        chunk["usage"] = {"prompt_tokens": 7, "completion_tokens": so_far}
+    return chunk
 
 
 def usage_chunk() -> dict:
@@ -25,14 +30,15 @@ def meter() -> InferenceMeter:
     )
 
 
-def relay(events: list[dict], wants_usage: bool) -> tuple[list[dict], InferenceMeter]:
+def relay(events: list[dict], shown: UsageShown) -> tuple[list[dict], InferenceMeter]:
     m = meter()
-    out = [client_event(parse_event(encode_event(e)), m, wants_usage=wants_usage) for e in events]
+    out = [client_event(parse_event(encode_event(e)), m, shown) for e in events]
     return [parse_event(o).body for o in out if o is not None], m
 
 
 def test_a_client_that_asked_for_usage_gets_the_usage_chunk_without_the_stats() -> None:
-    seen, m = relay([text("a"), text("b"), usage_chunk()], wants_usage=True)
+    seen, m = relay([text("a", 1), text("b", 2), usage_chunk()], UsageShown.FINAL)
+    assert seen[:2] == [{**text("a"), "usage": None}, {**text("b"), "usage": None}]  # OpenAI's shape
     assert seen[-1] == {"id": "c", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
     assert all(STATS_FIELD not in body for body in seen)
     record = m.record()
@@ -42,8 +48,14 @@ def test_a_client_that_asked_for_usage_gets_the_usage_chunk_without_the_stats() 
 
 
 def test_a_client_that_did_not_ask_gets_no_usage_chunk_but_the_request_is_still_metered() -> None:
-    seen, m = relay([text("a"), usage_chunk()], wants_usage=False)
-    assert seen == [text("a")]
+    seen, m = relay([text("a", 1), {**text("b"), "usage": None}, usage_chunk()], UsageShown.NONE)
+    assert seen == [text("a"), text("b")]  # no usage field at all, as OpenAI sends when not asked
+    assert m.tokens() == (7, 2)
+
+
+def test_a_client_that_asked_for_continuous_usage_gets_it_on_every_chunk() -> None:
+    seen, m = relay([text("a", 1), text("b", 2), usage_chunk()], UsageShown.EVERY_CHUNK)
+    assert [body["usage"]["completion_tokens"] for body in seen] == [1, 2, 2]
     assert m.tokens() == (7, 2)
 
 
@@ -60,20 +72,27 @@ def test_cached_prompt_tokens_are_recorded_and_charged_only_when_asked() -> None
 
 def test_usage_riding_on_a_text_chunk_is_removed_not_the_text() -> None:
     chunk = {**text("z"), "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
-    seen, _ = relay([chunk], wants_usage=False)
+    seen, _ = relay([chunk], UsageShown.NONE)
     assert seen == [text("z")]
 
 
 def test_unchanged_chunks_pass_byte_for_byte() -> None:
     raw = b'data: {"id":"c",  "choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
-    assert client_event(parse_event(raw), meter(), wants_usage=False) == raw
+    assert client_event(parse_event(raw), meter(), UsageShown.NONE) == raw
 
 
-def test_a_stream_cut_short_is_metered_at_what_was_delivered() -> None:
-    _, m = relay([text("a"), text("b"), text("c")], wants_usage=True)
+def test_a_stream_cut_short_is_metered_at_what_was_delivered_prompt_included() -> None:
+    _, m = relay([text("a", 1), text("b", 2), text("c", 3)], UsageShown.NONE)
     m.status = Outcome.CLIENT_DISCONNECTED
     record = m.record()
-    assert (record.prompt_tokens, record.completion_tokens, record.status) == (0, 3, "client_disconnected")
+    assert (record.prompt_tokens, record.completion_tokens, record.status) == (7, 3, "client_disconnected")
+
+
+def test_a_request_that_ends_before_any_output_is_billed_nothing() -> None:
+    _, m = relay(
+        [{"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}], "usage": None}], UsageShown.NONE
+    )
+    assert m.tokens() == (0, 0) and m.record().ttft_ms is None
 
 
 def test_a_broken_stream_ends_with_an_openai_error_then_done() -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from api.inference.requests import ChatCompletionBody, CompletionBody, check_request, upstream_body
+from api.inference.requests import ChatCompletionBody, CompletionBody, UsageShown, check_request, upstream_body
 from core.descriptor import AdapterDescriptor
 from core.errors import InvalidRequest
 from core.protocol import ADAPTER_FIELD, STATS_FIELD, TENANT_FIELD, TenantTag
@@ -83,22 +83,25 @@ def test_client_supplied_descriptors_are_replaced_and_streams_always_ask_for_usa
         STATS_FIELD: {"gpu_seconds": 0},
         TENANT_FIELD: {"id": "someone-else", "weight": 1000},
     }
-    body, wants_usage = upstream_body(raw, DESCRIPTOR, TAG)
+    body, shown = upstream_body(raw, DESCRIPTOR, TAG)
     assert body[ADAPTER_FIELD] == DESCRIPTOR.model_dump(mode="json")
     assert body[TENANT_FIELD] == {"id": "tenant-1", "weight": 2.0}  # a client cannot pose as another tenant
     assert STATS_FIELD not in body
-    assert body["stream_options"] == {"include_usage": True}
-    assert body["temperature"] == 0.5 and not wants_usage
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["temperature"] == 0.5 and shown is UsageShown.NONE
     assert raw[ADAPTER_FIELD] == {"id": "someone-elses"}  # the caller's dict is left alone
 
 
 def test_base_model_requests_carry_no_descriptor() -> None:
-    body, wants_usage = upstream_body(
+    body, shown = upstream_body(
         {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}, ADAPTER_FIELD: {}},
         None,
         TAG,
     )
-    assert ADAPTER_FIELD not in body and wants_usage
+    assert ADAPTER_FIELD not in body and shown is UsageShown.FINAL
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    _, shown = upstream_body({"model": "m", "prompt": "x", "stream": True, "stream_options": options}, None, TAG)
+    assert shown is UsageShown.EVERY_CHUNK
     body, _ = upstream_body({"model": "m", "prompt": "x"}, None, TAG)
     assert "stream_options" not in body
 
