@@ -112,6 +112,14 @@ class Deployment:
             self.processes.append(replica.process)
         self.wait_until(lambda: all(self.redis.exists(replica_key(r)) for r in ids), f"replicas {ids} to register")
 
+    def replica_metric(self, replica_id: str, name: str) -> float:
+        """A replica's unlabelled Prometheus sample ``name`` (``loraplex_requests_running``, ...)."""
+        token = self.settings.internal_token.get_secret_value() if self.settings.internal_token else ""
+        url = f"{self.replicas[replica_id].url}/metrics"
+        metrics = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+        [line] = [line for line in metrics.splitlines() if line.startswith(f"{name} ")]
+        return float(line.split()[1])
+
     def heartbeats(self) -> dict[str, ReplicaStatus]:
         """Live replicas of this deployment's base model, by id."""
         statuses = {}

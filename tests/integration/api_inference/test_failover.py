@@ -8,14 +8,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from api.routing.plan import rendezvous_order
 from core.local_services import EmbeddedRedis
-from core.settings import Settings
-from tests.integration.api_inference.deployment import Deployment, Replica, deploy
+from tests.integration.api_inference.deployment import Deployment, deploy
 from tests.integration.api_inference.serving import upload_adapter
 from tests.services import S3Service
 
@@ -37,14 +35,6 @@ def pair(
         deployment.stop()
 
 
-def running(replica: Replica, settings: Settings) -> int:
-    """Requests the replica's engine is generating for right now (its Prometheus gauge)."""
-    token = settings.internal_token.get_secret_value() if settings.internal_token else ""
-    metrics = httpx.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
-    [line] = [line for line in metrics.splitlines() if line.startswith("loraplex_requests_running ")]
-    return int(float(line.split()[1]))
-
-
 def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
     pair: Deployment, peft_adapter_dir: Path
 ) -> None:
@@ -60,7 +50,8 @@ def test_a_killed_replicas_adapter_moves_and_only_started_streams_fail(
     # a stream that has delivered text. The long one starts first, so both run when the replica dies.
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(client.completions.create, model=model, prompt="Another story", **LONG)
-        pair.wait_until(lambda: running(pair.replicas[home], pair.settings) >= 1, f"a request to run on {home}")
+        busy = lambda: pair.replica_metric(home, "loraplex_requests_running") >= 1  # noqa: E731
+        pair.wait_until(busy, f"a request to run on {home}")
         # The client asks for the usage on every chunk (vLLM's continuous_usage_stats): it knows what it got.
         options = {"include_usage": True, "continuous_usage_stats": True}
         stream = client.completions.create(

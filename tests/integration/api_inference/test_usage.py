@@ -213,3 +213,27 @@ def test_a_stream_the_client_abandons_is_metered_at_what_it_received(serving: De
     assert record.status == "client_disconnected"
     assert 3 <= record.completion_tokens < 2000
     assert record.ttft_ms is not None and record.latency_ms is not None and record.latency_ms >= record.ttft_ms
+
+
+def test_a_request_given_up_before_its_answer_stops_on_its_replica_and_is_billed_nothing(serving: Deployment) -> None:
+    tenant = serving.make_tenant()
+
+    def generated() -> float:
+        return sum(serving.replica_metric(r, "loraplex_generation_tokens_total") for r in serving.replicas)
+
+    before = generated()
+    impatient = tenant.openai().with_options(timeout=0.5, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.completions.create(
+            model=serving.base_model, prompt="Go on", max_tokens=2000, extra_body={"ignore_eos": True}
+        )
+
+    [record] = serving.wait_until(lambda: serving.usage_records(tenant.id), "the given-up request to be metered")
+    assert record.status == "client_disconnected"
+    assert (record.prompt_tokens, record.completion_tokens) == (0, 0)  # nothing reached the client
+
+    def idle() -> bool:
+        return all(serving.replica_metric(r, "loraplex_requests_running") == 0 for r in serving.replicas)
+
+    serving.wait_until(idle, "the replicas to stop generating")
+    assert generated() - before < 2000  # the replica stopped when its client left, not at max_tokens
