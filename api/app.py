@@ -13,6 +13,7 @@ from api.body_limit import BodyLimit
 from api.context import build_context
 from api.errors import install_error_handlers
 from api.inference.service import insert_usage
+from api.openapi_links import install_links
 from api.routers import (
     adapters,
     admin,
@@ -70,4 +71,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     for router in ROUTERS:
         app.include_router(router)
+    install_links(app)
     return app
