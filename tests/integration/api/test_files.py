@@ -204,3 +204,28 @@ def test_docs_and_schema_are_served(api_server_url: str) -> None:
     assert httpx.get(f"{api_server_url}/docs").status_code == 200
     schema = httpx.get(f"{api_server_url}/openapi.json").json()
     assert "/v1/files" in schema["paths"] and "/v1/fine_tuning/jobs/{job_id}/events" in schema["paths"]
+
+
+def test_the_schemas_links_name_real_operations_and_parameters(api_server_url: str) -> None:
+    """Every OpenAPI link resolves: its target operation exists and takes the parameters the link fills."""
+    schema = httpx.get(f"{api_server_url}/openapi.json").json()
+    links = [
+        (f"{method.upper()} {path}", link)
+        for path, methods in schema["paths"].items()
+        for method, operation in methods.items()
+        for response in operation["responses"].values()
+        for link in response.get("links", {}).values()
+    ]
+    assert len(links) >= 25
+    for source, link in links:
+        _, _, target_path, target_method = link["operationRef"].split("/")
+        path = target_path.replace("~1", "/").replace("~0", "~")
+        target = schema["paths"][path][target_method]
+        taken = {p["name"] for p in target.get("parameters", [])}
+        assert set(link.get("parameters", {})) <= taken, (source, link)
+        if "requestBody" in link:
+            body = target["requestBody"]["content"]["application/json"]["schema"]
+            if "$ref" in body:
+                body = schema["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+            properties = set(body.get("properties", {}))
+            assert set(link["requestBody"]) <= properties or body.get("additionalProperties") is not False, link
