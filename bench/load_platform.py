@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from core.settings import ENV_PREFIX, Settings
 from tests.integration.api.conftest import api_settings_for
 from tests.integration.api.peft_adapters import adapter_files, make_peft_adapter
 from tests.integration.api_inference.deployment import Replica, launch_replica
-from tests.integration.conftest import REPO_ROOT, settings_env
+from tests.integration.conftest import REPO_ROOT, launch_worker, settings_env
 from tests.integration.server.adapters import variant
 from tests.services import S3Service, start_seaweed_s3
 
@@ -39,6 +41,7 @@ class PlatformShape:
     tenants: int = 4
     limited_rpm: int = 300  # the first tenant's requests per minute (the others are unlimited): it meets 429s
     max_waiting: int = 64  # requests a server queues before answering 429
+    worker: bool = False  # a training worker, so fine-tuning jobs run beside the serving
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,25 @@ class SoakPlatform:
     settings: Settings
     api_url: str
     tenants: list[Tenant]
-    processes: dict[str, ManagedProcess] = field(default_factory=dict)  # whose memory the soak watches
+    processes: dict[str, ManagedProcess] = field(default_factory=dict)  # whose memory the soak bounds
+    stores: dict[str, ManagedProcess] = field(default_factory=dict)  # Redis, S3: memory reported, not bounded
+    replicas: list[Replica] = field(default_factory=list)
+    restart: Callable[[int], Replica] | None = None  # kill replica n as a crash would and start it again
 
     @property
     def base_model(self) -> str:
         return self.settings.model_name or ""
+
+    def crash_and_restart(self, n: int) -> float:
+        """SIGKILL replica ``n``, start a new one under the same id, and return once it serves: seconds taken.
+        Its memory is watched from then on (the restarted process is another one)."""
+        assert self.restart is not None
+        began = time.monotonic()
+        old = self.replicas[n]
+        old.process.kill()
+        self.replicas[n] = self.restart(n)
+        self.processes[old.id] = self.replicas[n].process
+        return time.monotonic() - began
 
 
 def start_platform(
@@ -71,15 +88,15 @@ def start_platform(
     s3: S3Service | None = None,
 ) -> SoakPlatform:
     """Start everything under ``stack`` (closing it stops all) and return the platform once it serves."""
-    watched: dict[str, ManagedProcess] = {}
+    stores: dict[str, ManagedProcess] = {}
     if redis is None:
         redis = start_redis(workdir / "redis")
         stack.callback(redis.stop)
-        watched["redis"] = redis.process
+        stores["redis"] = redis.process
     if s3 is None:
         s3 = start_seaweed_s3(workdir / "seaweed")
         stack.callback(s3.stop)
-        watched["seaweedfs"] = s3.process
+        stores["seaweedfs"] = s3.process
     settings = api_settings_for(
         workdir / "api",
         redis.url,
@@ -95,9 +112,18 @@ def start_platform(
     api_url, api = _start_api(stack, settings, workdir)
     replicas = [_start_replica(stack, settings, model_dir, workdir, shape, n) for n in range(shape.replicas)]
     _wait_until_serving(api, api_url, replicas, settings)
-    watched = {"api": api, **{r.id: r.process for r in replicas}, **watched}
+    watched = {"api": api, **{r.id: r.process for r in replicas}}
+    if shape.worker:
+        watched["worker"] = launch_worker(settings, workdir / "worker.log")
+        stack.callback(watched["worker"].stop)
     tenants = _make_tenants(settings, api_url, model_dir, workdir, shape)
-    return SoakPlatform(settings, api_url, tenants, watched)
+
+    def restart(n: int) -> Replica:
+        replica = _start_replica(stack, settings, model_dir, workdir, shape, n)
+        _wait_until_serving(api, api_url, [replica], settings)
+        return replica
+
+    return SoakPlatform(settings, api_url, tenants, watched, stores, replicas, restart)
 
 
 def _start_api(stack: ExitStack, settings: Settings, workdir: Path) -> tuple[str, ManagedProcess]:

@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load_clients import OK, RATE_LIMITED, Outcome
+from bench.load_crash import Crash
+from bench.load_training import TrainingLoad
 from core.local_services import ManagedProcess
 
 MIB = 1 << 20
+BROKEN_BY_CRASH = "broken by the replica crash"
+UPSTREAM_FAILED = "stream error (upstream_failed)"  # what a client reads when its replica dies mid-answer
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,35 @@ class RssBound:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of process ``pid`` (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    """Resident memory of process ``pid`` and its descendants (Linux /proc): a server's engine process and a
+    worker's training child count with their parent."""
+    total = 0
+    for member in _tree(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the field after the parenthesised command name is the state, then the parent's pid
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
 
 
 def rss_snapshot(processes: dict[str, ManagedProcess]) -> dict[str, int]:
@@ -61,14 +89,24 @@ class SoakReport:
     rss_start: dict[str, int]
     rss_end: dict[str, int]
     bound: RssBound = field(default_factory=RssBound)
+    crash: Crash | None = None
+    training: TrainingLoad | None = None
+    stores: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (start, end): reported, not bounded
+
+    def kind(self, outcome: Outcome) -> str:
+        """The outcome's kind, with streams the crash broke told apart from errors."""
+        if self.crash is not None and outcome.kind == UPSTREAM_FAILED and self.crash.broke(outcome.ended_at):
+            return BROKEN_BY_CRASH
+        return outcome.kind
 
     @property
     def kinds(self) -> Counter[str]:
-        return Counter(o.kind for o in [*self.warmup, *self.outcomes])
+        return Counter(self.kind(o) for o in [*self.warmup, *self.outcomes])
 
     @property
     def errors(self) -> Counter[str]:
-        return Counter({k: n for k, n in self.kinds.items() if k not in (OK, RATE_LIMITED)})
+        expected = (OK, RATE_LIMITED, BROKEN_BY_CRASH)
+        return Counter({k: n for k, n in self.kinds.items() if k not in expected})
 
     @property
     def memory_growth(self) -> dict[str, tuple[int, int, bool]]:
@@ -77,8 +115,10 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        """Every request succeeded or got a 429 with retry-after, and no process grew past the bound."""
-        return not self.errors and all(within for *_, within in self.memory_growth.values())
+        """Every request succeeded, got a 429 with retry-after, or was a stream the crash broke; every training
+        job succeeded; no process grew past the bound."""
+        trained = self.training is None or not self.training.errors
+        return not self.errors and trained and all(within for *_, within in self.memory_growth.values())
 
     def latencies(self, on_adapter: bool | None = None) -> list[float]:
         return [o.latency_s for o in self.outcomes if o.kind == OK and on_adapter in (None, o.on_adapter)]
@@ -99,6 +139,18 @@ class SoakReport:
             lines.append(f"latency {label:7s}: p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  (n={len(values)})")
         adapter, base = percentile(self.latencies(True), 50), percentile(self.latencies(False), 50)
         lines.append(f"adapter/base p50 latency ratio (peer: the base model, same run): {adapter / base:.2f}")
+        structured = [o for o in self.outcomes if o.structured]
+        lines.append(
+            f"structured (JSON schema) requests: {sum(o.kind == OK for o in structured)} ok of {len(structured)}"
+        )
+        prompt, cached = sum(o.prompt_tokens for o in done), sum(o.cached_tokens for o in done)
+        lines.append(
+            f"prefix cache: {cached} of {prompt} prompt tokens read from cache ({cached / max(prompt, 1):.0%})"
+        )
+        if self.crash is not None:
+            lines.append(f"{self.crash.render()}; streams broken mid-answer: {self.kinds[BROKEN_BY_CRASH]}")
+        if self.training is not None:
+            lines.append(self.training.render())
         lines.append(f"memory (RSS, start after warm-up -> end; bound {self.bound}):")
         for name, (start, end, within) in self.memory_growth.items():
             verdict = "ok" if within else "GREW PAST THE BOUND"
@@ -106,6 +158,8 @@ class SoakReport:
                 f"  {name:16s} {start / MIB:8.1f} MiB -> {end / MIB:8.1f} MiB  ({(end - start) / MIB:+.1f})  {verdict}"
             )
         lines.append(
-            "verdict: " + ("PASS: every request succeeded or got a 429 with retry-after" if self.ok else "FAIL")
+            "verdict: "
+            + ("PASS: every request succeeded or got a 429 with retry-after" if self.ok else "FAIL")
+            + (" (or was a stream the crash broke)" if self.ok and self.crash is not None else "")
         )
         return "\n".join(lines)
