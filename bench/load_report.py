@@ -157,6 +157,11 @@ class SoakReport:
             lines.append(
                 f"  {name:16s} {start / MIB:8.1f} MiB -> {end / MIB:8.1f} MiB  ({(end - start) / MIB:+.1f})  {verdict}"
             )
+        for name, (start, end) in self.stores.items():
+            lines.append(
+                f"  {name:16s} {start / MIB:8.1f} MiB -> {end / MIB:8.1f} MiB  ({(end - start) / MIB:+.1f})  "
+                "a data store: holds what was written, not bounded"
+            )
         lines.append(
             "verdict: "
             + ("PASS: every request succeeded or got a 429 with retry-after" if self.ok else "FAIL")

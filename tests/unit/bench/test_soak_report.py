@@ -35,6 +35,14 @@ def test_streams_broken_when_the_replica_crashed_are_apart_from_errors() -> None
     assert not report([outcome("http 500 (internal_error)", 100.5)], killed_at=100.0).ok
 
 
+def test_data_stores_are_reported_but_not_bounded() -> None:
+    grown = report([outcome(OK, 1.0)], killed_at=None)
+    grown.stores = {"seaweedfs": (100 << 20, 300 << 20)}
+    assert grown.ok and "seaweedfs" in grown.render() and "not bounded" in grown.render()
+    grown.rss_end = {"api": 1 << 30}  # the API grew by a GiB: that is a leak
+    assert not grown.ok and "GREW PAST THE BOUND" in grown.render()
+
+
 def test_a_constrained_answer_must_be_complete_json_its_schema_allows() -> None:
     assert _judge_structured(Answer('{"answer": "yes", "sure": true}', "stop")) == OK
     assert _judge_structured(Answer('{"answer": "yes", "sure": tr', "length")) == "structured answer ended by length"
