@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core.local_services import EmbeddedRedis, start_redis
+from tests.postgres import throwaway_database
 from tests.services import S3Service, start_seaweed_s3
 
 # Session fixtures shared across test folders (one serving deployment for inference, security and load tests).
@@ -51,23 +52,8 @@ def s3_bucket() -> str:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this session, when LORAPLEX_TEST_POSTGRES_URL is set."""
-    base = os.environ.get("LORAPLEX_TEST_POSTGRES_URL")
-    if not base:
-        pytest.skip("LORAPLEX_TEST_POSTGRES_URL is not set")
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    admin_url = make_url(base).set(drivername="postgresql+psycopg")
-    name = f"loraplex_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database("loraplex_test") as database:
+        yield database.url
 
 
 @pytest.fixture(scope="session")

@@ -9,18 +9,18 @@ Runs when ``LORAPLEX_TEST_POSTGRES_URL`` is set, on a database of its own that i
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import text
 
 from core.local_services import EmbeddedRedis
 from tests.integration.api.datasets import chat_jsonl
 from tests.integration.api_inference.deployment import Deployment, deploy
+from tests.postgres import throwaway_database
 from tests.reliability.stack import (
     TINY_JOB,
     assert_retryable_outage,
@@ -41,30 +41,20 @@ OUTAGE_S = 6.0
 @pytest.fixture
 def database() -> Iterator[tuple[str, Switch]]:
     """A fresh database, and a switch that cuts and refuses its connections (False) or lets them in (True)."""
-    base = os.environ.get("LORAPLEX_TEST_POSTGRES_URL")
-    if not base:
-        pytest.skip("LORAPLEX_TEST_POSTGRES_URL is not set")
-    admin_url = make_url(base).set(drivername="postgresql+psycopg")
-    name = f"loraplex_restart_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    with throwaway_database("loraplex_restart") as database:
 
-    def available(on: bool) -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if on else "false"}'))
-            if not on:
-                conn.execute(
-                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
-                )
+        def available(on: bool) -> None:
+            with database.admin.connect() as conn:
+                allow = "true" if on else "false"
+                conn.execute(text(f'ALTER DATABASE "{database.name}" ALLOW_CONNECTIONS {allow}'))
+                if not on:
+                    terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
+                    conn.execute(text(terminate), {"n": database.name})
 
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False), available
-    finally:
-        available(True)
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        try:
+            yield database.url, available
+        finally:
+            available(True)
 
 
 @pytest.fixture
