@@ -42,7 +42,8 @@ class Steering:
     adapter_models: dict[str, str] = field(default_factory=dict)
     _seen: Counter[str] = field(default_factory=Counter)
 
-    def __call__(self, case: schemathesis.Case) -> schemathesis.Case:
+    def __call__(self, case: schemathesis.Case, *, walking: bool = False) -> schemathesis.Case:
+        """Steer ``case``; ``walking``: it follows a link, whose values (ids, a training file) stay as they are."""
         label = case.operation.label
         self._seen[label] += 1
         if self._seen[label] % 3 == 0:
@@ -54,7 +55,9 @@ class Steering:
             case.body = dict(self.adapter)
         elif label == "POST /v1/fine_tuning/jobs":
             case.body = {**_known(body, JOB_FIELDS), "model": self.base_model, "hyperparameters": SMALL_TRAINING}
-            if self.ids["file_id"]:
+            if walking and body and "training_file" in body:
+                case.body["training_file"] = body["training_file"]
+            elif self.ids["file_id"]:
                 case.body["training_file"] = self.ids["file_id"][-1]
         elif label in INFERENCE:
             case.body = _known(body, INFERENCE_FIELDS)
@@ -73,7 +76,8 @@ class Steering:
             case.body = {"key": self.admin_key}
         elif label == "GET /admin/login":
             case.query = {"token": self.login_token()}
-        self._aim_path(case)
+        if not walking:
+            self._aim_path(case)
         return case
 
     def _aim_path(self, case: schemathesis.Case) -> None:

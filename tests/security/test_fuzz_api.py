@@ -181,7 +181,7 @@ def walk_the_links(run: Run, schema: schemathesis.BaseSchema) -> None:
             scenarios += 1
 
         def before_call(self, case: schemathesis.Case) -> None:
-            run.steering(case)
+            run.steering(case, walking=True)
 
         def call(self, case: schemathesis.Case, **kwargs: Any) -> Any:
             return run.send(case)
