@@ -2,7 +2,7 @@
 
 They turn the schema into a map of the resources' life cycles (a file trains a job; a job has events,
 checkpoints and a model; a model answers completions; a tenant has keys and limits), for client
-generators and for the stateful fuzzing in ``tests/security/test_fuzz_stateful.py``, which walks them.
+generators and for the stateful fuzzing in ``tests/security/test_fuzz_api.py``, which walks them.
 They are declared here, in one table, and added to the schema FastAPI generates.
 """
 
@@ -130,9 +130,8 @@ def add_links(schema: dict[str, Any], links: list[Link]) -> dict[str, Any]:
     a bug (KeyError), not a silently missing link."""
     paths = schema["paths"]
     for link in links:
-        for end in (link.source, link.target):
-            method, path = end.split(" ", 1)
-            paths[path][method.lower()]
+        method, path = link.target.split(" ", 1)
+        paths[path][method.lower()]  # the target must exist; the source's lookup below checks the source
         method, path = link.source.split(" ", 1)
         response = paths[path][method.lower()]["responses"][link.status]
         response.setdefault("links", {})[link.name] = link.definition()

@@ -67,8 +67,7 @@ def soak(
         measured = time.monotonic() - began
         end, stores_end = rss_snapshot(platform.processes), rss_snapshot(platform.stores)
     stores = {name: (stores_start[name], stores_end[name]) for name in stores_start}
-    report = SoakReport(measured, clients, warmup, outcomes, start, end, bound, crash, trainer, stores)
-    return report
+    return SoakReport(measured, clients, warmup, outcomes, start, end, bound, crash, trainer, stores)
 
 
 def main(argv: list[str] | None = None) -> int:
