@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from loraplex_kernels import torch_ops
+from loraplex_kernels import reference, torch_ops
 from loraplex_kernels.configs import interpreting
 from loraplex_kernels.layout import LayerLoraTables, Segments, SliceGroup
 
@@ -24,6 +24,9 @@ class KernelBackend(ABC):
     """LoRA and paged-attention kernels for one device and dtype."""
 
     name: str
+    # Whether paged_attention_prefill is the fast path for steps holding prompt chunks (one launch for every
+    # row); where False the engine keeps attending per prompt chunk with SDPA.
+    varlen_prefill: bool = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -64,6 +67,25 @@ class KernelBackend(ABC):
         """Decode attention of one query token per sequence over its paged KV cache: every cached token, or
         with a sliding ``window`` the last ``window`` of them (positions ``>= context_lens[b] - window``);
         ``softcap`` caps each scaled score ``s`` as ``softcap * tanh(s / softcap)`` (Gemma 2)."""
+
+    @abstractmethod
+    def paged_attention_prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        query_starts: torch.Tensor,
+        query_lens: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        max_query_len: int,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """Causal attention of a whole step's rows ``[T, heads, d]`` (prompt chunks and decodes) over the paged
+        cache, which already holds the step's keys: sequence ``s`` owns rows ``query_starts[s] ..
+        + query_lens[s]`` at positions from ``context_lens[s]`` on (``loraplex_kernels.triton_prefill``)."""
 
 
 class TorchBackend(KernelBackend):
@@ -110,11 +132,42 @@ class TorchBackend(KernelBackend):
             self.loops, q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
         )
 
+    def paged_attention_prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        query_starts: torch.Tensor,
+        query_lens: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        max_query_len: int,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        # The engine never calls this (varlen_prefill is False: SDPA per chunk is faster here); the plain
+        # per-sequence loop keeps the method correct for anyone who does.
+        return reference.paged_attention_prefill(
+            q,
+            k_cache,
+            v_cache,
+            query_starts,
+            query_lens,
+            context_lens,
+            block_tables,
+            max_query_len,
+            scale,
+            window,
+            softcap,
+        )
+
 
 class TritonBackend(KernelBackend):
     """The Triton kernels: on CUDA, or on CPU under the interpreter (``TRITON_INTERPRET=1``)."""
 
     name = "triton"
+    varlen_prefill = True
 
     def __init__(self, device: torch.device) -> None:
         super().__init__(device)
@@ -125,9 +178,9 @@ class TritonBackend(KernelBackend):
                 f"imported to run them on CPU, or {KERNELS_ENV}=torch"
             )
         # Imported here: triton reads TRITON_INTERPRET when it is first imported.
-        from loraplex_kernels import triton_attention, triton_sgmv
+        from loraplex_kernels import triton_attention, triton_prefill, triton_sgmv
 
-        self._sgmv, self._attention = triton_sgmv, triton_attention
+        self._sgmv, self._attention, self._prefill = triton_sgmv, triton_attention, triton_prefill
 
     def add_lora(
         self,
@@ -154,6 +207,35 @@ class TritonBackend(KernelBackend):
     ) -> torch.Tensor:
         return self._attention.paged_attention_decode(
             q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, interpret=self.interpret
+        )
+
+    def paged_attention_prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        query_starts: torch.Tensor,
+        query_lens: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        max_query_len: int,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        return self._prefill.paged_attention_prefill(
+            q,
+            k_cache,
+            v_cache,
+            query_starts,
+            query_lens,
+            context_lens,
+            block_tables,
+            max_query_len,
+            scale,
+            window,
+            softcap,
+            interpret=self.interpret,
         )
 
 

@@ -135,6 +135,36 @@ def attention_config(
     return AttentionConfig(block_n=block_n, partition=cdiv(tiles, partitions) * block_n)
 
 
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiles of varlen paged prefill attention: ``block_q`` query tokens (times the GQA group) per program,
+    keys streamed ``block_n`` at a time."""
+
+    block_q: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def prefill_config(
+    *, max_query_len: int, group: int, head_dim: int, max_context: int, interpret: bool
+) -> PrefillConfig:
+    """Query tiles of about 128 rows (query tokens times the heads sharing a KV head), at least ``MIN_DOT``."""
+    block_g = next_pow2(group)
+    low = max(1, MIN_DOT // block_g)
+    if interpret:
+        high = max(low, 128 // block_g)
+        block_q = _clamp(next_pow2(max_query_len), low, high)
+        return PrefillConfig(block_q=block_q, block_n=_clamp(next_pow2(max_context), MIN_DOT, INTERPRET_MAX_TILE))
+    # Wide heads hold a [rows, head_dim] fp32 accumulator in registers: halve the tiles past 128.
+    wide = head_dim > 128
+    high = max(low, (64 if wide else 128) // block_g)
+    block_q = _clamp(next_pow2(max_query_len), low, high)
+    return PrefillConfig(
+        block_q=block_q, block_n=32 if wide else 64, num_warps=8 if block_q * block_g >= 128 else 4, num_stages=2
+    )
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 1 elsewhere (the interpreter has no SMs to fill)."""
     if device.type != "cuda":

@@ -134,3 +134,47 @@ def paged_attention_decode(
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", probs, values).to(q.dtype)
     return out
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's rows over its pages, keys and values read only from the cache.
+
+    Sequence ``s`` owns rows ``query_starts[s] .. + query_lens[s]`` of ``q`` ``[T, num_heads, head_dim]``; its
+    row ``i`` is position ``p = context_lens[s] + i`` and sees keys ``j <= p`` (and ``j > p - window`` with a
+    window). ``softcap`` caps scaled scores as ``softcap * tanh(s / softcap)`` before the mask. Rows no sequence
+    owns are zero; ``max_query_len`` is unused (the Triton kernel sizes its grid with it)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for s in range(query_lens.shape[0]):
+        start, n, context = int(query_starts[s]), int(query_lens[s]), int(context_lens[s])
+        if n == 0:
+            continue
+        total = context + n
+        pages = block_tables[s, : (total + block_size - 1) // block_size].long()
+        keys = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:total].float().repeat_interleave(group, dim=1)
+        values = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:total].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,nhd->hqn", q[start : start + n].float(), keys) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        rows = torch.arange(context, total, device=q.device)[:, None]
+        cols = torch.arange(total, device=q.device)[None, :]
+        seen = cols <= rows
+        if window is not None:
+            seen &= cols > rows - window
+        probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        out[start : start + n] = torch.einsum("hqn,nhd->qhd", probs, values).to(q.dtype)
+    return out

@@ -116,10 +116,27 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats to Redis.")] = HEARTBEAT_S,
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+        enforce_eager: Annotated[
+            bool,
+            typer.Option(
+                "--enforce-eager",
+                help="On CUDA, run every decode step eagerly instead of replaying CUDA graphs captured at start.",
+            ),
+        ] = False,
+        tensor_parallel_size: Annotated[
+            int,
+            typer.Option(
+                "--tensor-parallel-size",
+                "-tp",
+                help="Split the model over this many ranks (one process and device each; gloo on CPU, NCCL on CUDA).",
+            ),
+        ] = 1,
         threads: ServerThreads = None,
     ) -> None:
         """Serve a base model and its LoRA adapters over an OpenAI-compatible API (object store, token and
         Redis from LORAPLEX_*)."""
+
+        from rich.markup import escape
 
         from core.cli import console, settings_or_exit
         from core.errors import ConfigError
@@ -128,7 +145,7 @@ def register(app: typer.Typer) -> None:
         from core.settings import LOG_FORMAT
         from core.storage import open_store
         from server.config import ServerConfig, random_replica_id
-        from server.http import create_app
+        from server.http import EngineStopped, create_app
 
         settings = settings_or_exit()
         logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
@@ -164,10 +181,12 @@ def register(app: typer.Typer) -> None:
                 heartbeat_s=heartbeat_s,
                 device=device,
                 dtype=dtype,
+                enforce_eager=enforce_eager,
+                tensor_parallel_size=tensor_parallel_size,
                 num_threads=threads,
             )
         except ConfigError as exc:
-            console.print(f"[red]error:[/red] {exc.message}")
+            console.print(f"[red]error:[/red] {escape(exc.message)}")
             raise typer.Exit(2) from None
         failures: list[Exception] = []
 
@@ -181,7 +200,8 @@ def register(app: typer.Typer) -> None:
         if failures:
             # Exit so a supervisor (`loraplex up`, systemd, Kubernetes) learns why; 2: fix the configuration.
             exc = failures[0]
-            console.print(f"[red]error:[/red] the engine failed to start: {_describe(exc)}")
+            said = "stopped" if isinstance(exc, EngineStopped) else "failed to start"
+            console.print(f"[red]error:[/red] the engine {said}: {escape(_describe(exc))}")
             raise typer.Exit(2 if isinstance(exc, ConfigError) else 1)
         if not server.started:
             raise typer.Exit(3)  # uvicorn could not start (e.g. the port is taken); it logged why

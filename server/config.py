@@ -54,6 +54,8 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int | None = None
+    enforce_eager: bool = False  # on CUDA, never replay decode steps from captured graphs
+    tensor_parallel_size: int = 1  # ranks (processes, devices) the model is split over; rank 0 is the engine's
     seed: int = 0
     # The engine in a process of its own, so the HTTP thread never holds the GIL a step needs; False: a thread
     # of the HTTP process (what in-process tests use to reach the engine's object store).
@@ -128,5 +130,7 @@ class ServerConfig:
             fair_scheduling=self.fair_scheduling,
             max_lora_rank=self.max_lora_rank,
             num_threads=self.num_threads,
+            enforce_eager=self.enforce_eager,
+            tensor_parallel_size=self.tensor_parallel_size,
             seed=self.seed,
         )

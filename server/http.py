@@ -1,9 +1,10 @@
 """The inference server's HTTP surface: OpenAI-compatible generation, vLLM-compatible adapter loading, probes.
 
 The engine is built on a background thread when the app starts, so ``/health`` answers at once while
-weights load; ``/ready`` turns 200 once the engine thread is stepping. If the engine cannot start, the
-app calls ``on_engine_failure`` (``loraplex server`` then exits non-zero) and answers 503 until it is
-stopped. Every route but ``/health`` needs the internal token when one is configured.
+weights load; ``/ready`` turns 200 once the engine thread is stepping. If the engine cannot start, or stops
+later on its own (a failed step, a dead tensor-parallel rank), the app calls ``on_engine_failure`` (``loraplex
+server`` then exits non-zero, for its supervisor to restart it) and answers 503 until it is stopped. Every
+route but ``/health`` needs the internal token when one is configured.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -31,6 +33,11 @@ from server.runtime import ServerRuntime
 log = logging.getLogger(__name__)
 
 LOADING_RETRY_S = 5.0
+WATCH_INTERVAL_S = 0.5  # how often a started app checks that its engine still runs
+
+
+class EngineStopped(RuntimeError):
+    """The engine of a started server stopped on its own: the server can no longer answer."""
 
 
 class RuntimeHolder:
@@ -74,6 +81,19 @@ class RuntimeHolder:
             self.service = CompletionService(runtime)
             self.runtime = runtime
         log.info("serving %s as %r (replica %s)", self.config.model, runtime.base_name, self.config.replica_id)
+        if self.on_failure is not None:
+            self._watch(runtime)
+
+    def _watch(self, runtime: ServerRuntime) -> None:
+        """Until the app stops: an engine that stops on its own is reported as a failure (on the build thread)."""
+        while not self._closed:
+            if not runtime.loop.alive:
+                if not self._closed:
+                    failure = runtime.loop.failure
+                    log.error("the engine stopped serving: %s", failure or "no reason given")
+                    self.on_failure(EngineStopped(str(failure or "it stopped without a reason")))
+                return
+            time.sleep(WATCH_INTERVAL_S)
 
     def get(self) -> tuple[ServerRuntime, CompletionService]:
         """The running runtime, or 503 while it loads (or after it failed)."""
@@ -101,7 +121,8 @@ def create_app(
     on_engine_failure: Callable[[Exception], None] | None = None,
 ) -> FastAPI:
     """The server app for ``config``; ``store`` is where descriptors point (None: descriptors are refused);
-    ``on_engine_failure`` is called (on the build thread) with the error when the engine cannot start."""
+    ``on_engine_failure`` is called (on the build thread) with the error when the engine cannot start, or when it
+    stops later without being asked to."""
     metrics = ServerMetrics()
     holder = RuntimeHolder(config, metrics, store, on_engine_failure)
 

@@ -59,4 +59,5 @@ class LocalEngine:
 
     def close(self) -> None:
         self.loop.stop()
+        self.engine.close()
         shutil.rmtree(self._scratch, ignore_errors=True)

@@ -22,6 +22,16 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=str(model_path), **engine_kwargs))
         self._counter = 0
 
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (also done when the engine is collected)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def load_adapter(self, name: str, peft_dir: str | Path) -> int:
         """Validate a PEFT directory against the base model and place it in the pool; returns its slot."""
         spec = inspect_adapter(peft_dir, self.engine.model_config.base_shapes(), self.engine.config.max_lora_rank)

@@ -14,6 +14,7 @@ from core.projections import NUM_PROJECTIONS
 from loraplex_kernels import KernelBackend, KVGeometry, LoraTables, kv_cache_views, select_backend
 from server.engine.adapter_turns import AdapterTurns
 from server.engine.config import DEFAULT_CPU_POOL_BYTES, EngineConfig
+from server.engine.cuda_graphs import MAX_GRAPH_BATCH, MAX_GRAPH_CONTEXT, capture_decode_graphs
 from server.engine.host_memory import reuse_freed_host_memory
 from server.engine.model_runner import ModelRunner
 from server.engine.resident_adapters import ResidentAdapters
@@ -27,6 +28,10 @@ from server.memory.pool import PagePool
 from server.model.config import ModelConfig
 from server.model.llama import LlamaModel, LoraBinding
 from server.model.weights import ModelWeights, load_weights
+from server.parallel.adapter_pages import ShardedAdapterPages
+from server.parallel.followers import Followers
+from server.parallel.group import TensorParallel
+from server.parallel.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class EngineParts:
     adapters: ResidentAdapters
     scheduler: Scheduler
     runner: ModelRunner
+    followers: Followers | None = None  # rank 0 under tensor parallelism: the other ranks' processes
 
 
 def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -89,6 +95,20 @@ def choose_kernels(device: torch.device, dtype: torch.dtype) -> KernelBackend:
         raise ConfigError(str(exc)) from exc
 
 
+def use_graphs(config: EngineConfig, device: torch.device, kernels: KernelBackend) -> bool:
+    """Whether decode steps replay CUDA graphs: on CUDA, with the Triton kernels, unless ``enforce_eager``."""
+    if device.type != "cuda" or config.enforce_eager:
+        return False
+    if config.tensor_parallel_size > 1:
+        log.info("decode CUDA graphs are off under tensor parallelism: its all-reduces have not been captured yet")
+        return False
+    if kernels.name != "triton":
+        # The torch backend reads each step's segments on the host, which a graph cannot replay.
+        log.info("decode CUDA graphs are off: the %s kernels read segments on the host", kernels.name)
+        return False
+    return True
+
+
 def load_tokenizer(model_dir: str) -> Any:
     """The model directory's Hugging Face tokenizer, or None when it ships none (token-id prompts only)."""
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
@@ -98,7 +118,10 @@ def load_tokenizer(model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
+def build_engine_parts(config: EngineConfig, tp: TensorParallel | None = None) -> EngineParts:
+    """An engine's parts; with ``config.tensor_parallel_size`` > 1, rank 0's, after it started the other ranks
+    (which call this with their ``tp``). ``model_config`` is the whole model's; the model, the pool and the adapter
+    pages hold this rank's slice (:mod:`server.parallel.shards`)."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)  # process-wide in torch
     device, dtype = resolve_device(config)
@@ -106,11 +129,18 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     if device.type == "cpu":
         reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
     model_config = ModelConfig.from_dir(config.model)
+    Shard(0, config.tensor_parallel_size).config(model_config)  # refuse sizes the ranks cannot split, before spawning
+    followers = None
+    if tp is None and config.tensor_parallel_size > 1:
+        followers = Followers.start(config, device)  # they load their slices while we load ours
+        tp = followers.tp
+    shard = Shard() if tp is None else tp.shard
+    rank_config = shard.config(model_config)
     max_model_len = config.max_model_len or model_config.default_max_model_len
-    weights: ModelWeights = load_weights(config.model, model_config, dtype, device)
-    geometry = KVGeometry(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size)
-    pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, model_config), dtype, device)
-    shapes = model_config.base_shapes()
+    weights: ModelWeights = load_weights(config.model, model_config, dtype, device, shard)
+    geometry = KVGeometry(rank_config.num_layers, rank_config.num_kv_heads, rank_config.head_dim, config.block_size)
+    pool = PagePool(geometry, pool_pages(config, geometry, dtype, device, rank_config), dtype, device)
+    shapes = rank_config.base_shapes()
     row_align = row_alignment(shapes, geometry.page_elems)
     tables = LoraTables.empty(
         config.max_adapters,
@@ -120,10 +150,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         row_align,
         num_projections=NUM_PROJECTIONS,
     )
-    adapters = ResidentAdapters(AdapterPages(pool, tables, shapes))
+    if followers is None:
+        pages = AdapterPages(pool, tables, shapes)
+    else:
+        pages = ShardedAdapterPages(pool, tables, shapes, model_config.base_shapes(), followers)
+    adapters = ResidentAdapters(pages)
     kv_caches = [kv_cache_views(pool.arena, geometry, layer) for layer in range(model_config.num_layers)]
-    lora = LoraBinding.create(pool.arena, tables, model_config)
-    model = LlamaModel(model_config, weights, kv_caches, lora, max_model_len, kernels)
+    lora = LoraBinding.create(pool.arena, tables, rank_config)
+    model = LlamaModel(rank_config, weights, kv_caches, lora, max_model_len, kernels, tp)
     block_manager = BlockManager(
         pool,
         config.block_size,
@@ -144,6 +178,16 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         config.max_num_batched_tokens, config.max_num_seqs, blocks_for(max_model_len, config.block_size), device
     )
     runner = ModelRunner(model, Sampler(config.seed), adapters.slot_max_rank, config.block_size, device, buffers)
+    runner.followers = followers
+    if use_graphs(config, device, kernels):
+        runner.graphs = capture_decode_graphs(
+            model,
+            buffers,
+            pool,
+            max_batch=min(config.max_num_seqs, config.max_num_batched_tokens, MAX_GRAPH_BATCH),
+            lora_rank=config.max_lora_rank,
+            max_blocks=blocks_for(min(max_model_len, MAX_GRAPH_CONTEXT), config.block_size),
+        )
     tokenizer = load_tokenizer(config.model)
     eos = set(model_config.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -159,5 +203,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len,
     )
     return EngineParts(
-        model_config, device, dtype, max_model_len, tokenizer, tuple(sorted(eos)), pool, adapters, scheduler, runner
+        model_config,
+        device,
+        dtype,
+        max_model_len,
+        tokenizer,
+        tuple(sorted(eos)),
+        pool,
+        adapters,
+        scheduler,
+        runner,
+        followers,
     )

@@ -42,6 +42,10 @@ class EngineConfig:
     block_size: int = 16
     watermark: float = 0.01  # fraction of pages new prefills leave free, so decodes rarely need preemption
     num_threads: int | None = None  # CPU threads for torch; None leaves torch's default
+    # On CUDA, decode steps replay CUDA graphs captured at start (server.engine.cuda_graphs); True: always eager.
+    enforce_eager: bool = False
+    # Ranks the model is split over (server.parallel): one process and device each, rank 0 the engine's own.
+    tensor_parallel_size: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -72,6 +76,7 @@ class EngineConfig:
             "max_lora_rank",
             "block_size",
             "adapter_turn_steps",
+            "tensor_parallel_size",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"EngineConfig.{name} must be >= 1")

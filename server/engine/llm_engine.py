@@ -65,11 +65,17 @@ class LLMEngine:
         self.adapters = parts.adapters  # the one owner of residency and adapter references
         self.scheduler = parts.scheduler
         self.runner = parts.runner
+        self.followers = parts.followers  # tensor parallelism: the other ranks, stopped by close()
         self.eos_token_ids = set(parts.eos_token_ids)
         self.grammars = GrammarCache(self.tokenizer, self.model_config.vocab_size, list(self.eos_token_ids))
         self._requests: dict[str, _Request] = {}
         self._aborted: set[str] = set()  # aborted since the last step: their final output is still owed
         self._next_seq_id = 0
+
+    def close(self) -> None:
+        """Release what outlives a dropped engine: the tensor-parallel ranks' processes (idempotent)."""
+        if self.followers is not None:
+            self.followers.stop()
 
     # ----- requests -------------------------------------------------------------------------------
 

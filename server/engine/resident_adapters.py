@@ -50,6 +50,11 @@ class ResidentAdapters:
         return MappingProxyType(self._resident)
 
     @property
+    def pages(self) -> AdapterPages:
+        """Where the adapters' rows are (a tensor-parallel follower writes through it what rank 0 placed)."""
+        return self._pages
+
+    @property
     def slot_max_rank(self) -> list[int]:
         """Each slot's widest rank, kept on the host for per-step metadata (0: free slot)."""
         return self._pages.slot_max_rank

@@ -42,6 +42,10 @@ class StepBuffers:
         self.decode_context_lens = StagedBuffer((max_seqs,), i32, device)
         self.decode_block_tables = StagedBuffer((max_seqs, max_blocks), i32, device)
         self.block_tables = StagedBuffer((max_seqs, max_blocks), i32, device)  # every scheduled sequence
+        # One varlen attention launch for a step with prompt chunks: each sequence's first row, rows, cached tokens.
+        self.varlen_starts = StagedBuffer((max_seqs,), i32, device)
+        self.varlen_lens = StagedBuffer((max_seqs,), i32, device)
+        self.varlen_context_lens = StagedBuffer((max_seqs,), i32, device)
         self.segment_starts = StagedBuffer((max_seqs,), i32, device)
         self.segment_lengths = StagedBuffer((max_seqs,), i32, device)
         self.segment_slots = StagedBuffer((max_seqs,), i32, device)

@@ -69,6 +69,8 @@ class AdapterPlan:
     rank_table: torch.Tensor  # int32 [layers, projections]
     scales: torch.Tensor  # float32 [layers, projections]
     identity: bytes = b""  # content digest (:func:`weights_identity`): the prefix cache keys its KV pages by it
+    # Tensor parallelism: ranks 1..N-1's page images of their slices, in this plan's layout (every rank's is the same).
+    rank_images: tuple[torch.Tensor, ...] = ()
 
     @property
     def max_rank(self) -> int:
@@ -77,7 +79,7 @@ class AdapterPlan:
     @property
     def nbytes(self) -> int:
         """Host bytes this plan holds (what the host tier budgets)."""
-        tensors = (self.image, self.a_offsets, self.b_offsets, self.rank_table, self.scales)
+        tensors = (self.image, *self.rank_images, self.a_offsets, self.b_offsets, self.rank_table, self.scales)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @property
@@ -174,7 +176,7 @@ class AdapterPages:
                 f"adapter {name!r} has rank {weights.max_rank}; this server serves ranks up to {self.tables.max_rank}",
                 param="rank",
             )
-        self._check_shapes(weights)
+        check_shapes(weights, self.shapes)
         ranks = _ranks_of(weights)
         page_elems = self.pool.page_elems
         num_pages, placements = pack_blocks(row_blocks(ranks, self.shapes, page_elems), page_elems)
@@ -234,10 +236,16 @@ class AdapterPages:
             raise NoFreeAdapterSlot(f"all {self.tables.max_slots} adapter slots are in use; unload one first")
         pages = self.pool.allocate(plan.num_pages, PageUse.ADAPTER)
         slot = self._free_slots.pop()
+        self.publish(slot, pages, plan.image, plan)
+        return slot, pages
+
+    def publish(self, slot: int, pages: list[int], image: torch.Tensor, plan: AdapterPlan) -> None:
+        """Copy ``image`` (laid out as ``plan``) into ``pages`` and fill ``slot``'s table rows. Takes nothing from
+        the pool: :meth:`write` has, or (tensor parallelism) rank 0 has for every rank."""
         page_elems = self.pool.page_elems
         index = torch.tensor(pages, dtype=torch.int64)
         device = self.pool.arena.device
-        image = plan.image.to(device, non_blocking=True)
+        image = image.to(device, non_blocking=True)
         self.pool.arena.view(-1, page_elems).index_copy_(0, index.to(device), image)
 
         def rows(offsets: torch.Tensor) -> torch.Tensor:
@@ -251,23 +259,28 @@ class AdapterPages:
         self.tables.ranks[slot].copy_(plan.rank_table.to(device))
         self.tables.scales[slot].copy_(plan.scales.to(device))
         self.slot_max_rank[slot] = plan.max_rank
-        return slot, pages
 
     def clear(self, slot: int, pages: list[int]) -> None:
         """Clear a slot and give its pages back to the pool."""
-        self.tables.clear_slot(slot)
-        self.slot_max_rank[slot] = 0
+        self.unpublish(slot)
         self._free_slots.append(slot)
         self.pool.release(pages, PageUse.ADAPTER)
 
-    def _check_shapes(self, weights: AdapterWeights) -> None:
-        for (layer, proj), t in weights.modules.items():
-            if not 0 <= layer < self.shapes.num_layers or proj not in PROJECTIONS:
-                raise InvalidRequest(f"adapter module ({layer}, {proj}) does not exist in the base model")
-            in_f, out_f = self.shapes.in_out(proj)
-            r = t.a.shape[0]
-            if r < 1 or tuple(t.a.shape) != (r, in_f) or tuple(t.b.shape) != (out_f, r):
-                raise InvalidRequest(
-                    f"adapter tensors of layer {layer} {proj} have shapes {list(t.a.shape)}/{list(t.b.shape)}, "
-                    f"expected [r, {in_f}]/[{out_f}, r]"
-                )
+    def unpublish(self, slot: int) -> None:
+        """Clear ``slot``'s table rows (its pages are the pool's business)."""
+        self.tables.clear_slot(slot)
+        self.slot_max_rank[slot] = 0
+
+
+def check_shapes(weights: AdapterWeights, shapes: BaseShapes) -> None:
+    """Raise InvalidRequest unless every module of ``weights`` exists in the base model with its shapes."""
+    for (layer, proj), t in weights.modules.items():
+        if not 0 <= layer < shapes.num_layers or proj not in PROJECTIONS:
+            raise InvalidRequest(f"adapter module ({layer}, {proj}) does not exist in the base model")
+        in_f, out_f = shapes.in_out(proj)
+        r = t.a.shape[0]
+        if r < 1 or tuple(t.a.shape) != (r, in_f) or tuple(t.b.shape) != (out_f, r):
+            raise InvalidRequest(
+                f"adapter tensors of layer {layer} {proj} have shapes {list(t.a.shape)}/{list(t.b.shape)}, "
+                f"expected [r, {in_f}]/[{out_f}, r]"
+            )

@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache: SDPA per prefill chunk, the paged decode kernel for single tokens."""
+"""Attention over the paged KV cache: one varlen kernel launch for a step holding prompt chunks where the backend
+has one (Triton), else SDPA per prefill chunk; the paged decode kernel for single tokens."""
 
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ class PrefillSpan:
 
 
 @dataclass
+class VarlenSpans:
+    """Every scheduled sequence's rows of a step, for one varlen prefill launch (chunks and decodes together)."""
+
+    query_starts: torch.Tensor  # int32 [S] first row of each sequence
+    query_lens: torch.Tensor  # int32 [S] rows (new tokens) of each sequence
+    context_lens: torch.Tensor  # int32 [S] tokens cached before this step
+    block_tables: torch.Tensor  # int32 [S, W] pages covering context_lens + query_lens tokens
+    max_query_len: int  # host int: sizes the kernel's grid
+
+
+@dataclass
 class AttentionMetadata:
     """Where each of the step's tokens writes its K/V, and which attention path each token takes."""
 
@@ -32,6 +44,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # int32 [B, blocks of the longest decode sequence]
     decode_context_lens: torch.Tensor | None  # int32 [B], including the new token
     all_decode: bool  # every row is a decode row, in order: no gather/scatter needed
+    # Set on steps holding prompt chunks when the backend attends to every row in one launch (varlen_prefill);
+    # the spans and decode fields above are then left empty.
+    varlen: VarlenSpans | None = None
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata):
@@ -60,6 +75,21 @@ def paged_attention(
     if meta.all_decode:
         return kernels.paged_attention_decode(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window, softcap
+        )
+    if meta.varlen is not None:
+        spans = meta.varlen
+        return kernels.paged_attention_prefill(
+            q,
+            k_cache,
+            v_cache,
+            spans.query_starts,
+            spans.query_lens,
+            spans.context_lens,
+            spans.block_tables,
+            spans.max_query_len,
+            scale,
+            window,
+            softcap,
         )
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]

@@ -2,6 +2,10 @@
 
 One forward for every family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text...); a family is the switches
 of its :class:`ModelConfig`, checked once per layer (or once per model, when they pick a function).
+
+Under tensor parallelism (``tp``) the config is one rank's (:meth:`server.parallel.shards.Shard.config`): the layer
+computes its heads and MLP columns, and the o and down outputs (LoRA deltas included) are summed over the ranks by
+one all-reduce each. The embedding and the LM head hold a slice of the vocabulary each.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from server.model.config import ModelConfig
 from server.model.linear import LoraDelta
 from server.model.rope import RotaryEmbedding
 from server.model.weights import ModelWeights
+from server.parallel.group import TensorParallel
 
 
 @dataclass
@@ -59,8 +64,10 @@ class LlamaModel:
         lora: LoraBinding,
         max_positions: int,
         kernels: KernelBackend,
+        tp: TensorParallel | None = None,
     ) -> None:
         self.config = config
+        self.tp = tp
         self.weights = weights
         self.kv_caches = kv_caches
         self.lora = lora
@@ -82,7 +89,7 @@ class LlamaModel:
         """Hidden states ``[T, hidden]`` before the final norm; writes the tokens' K/V into their pages.
 
         ``segs`` must have been prepared on :attr:`kernels` for this step (``ModelRunner.prepare`` does it)."""
-        x = F.embedding(input_ids, self.weights.embed)
+        x = F.embedding(input_ids, self.weights.embed) if self.tp is None else self._parallel_embedding(input_ids)
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         rotary = [(rope, *rope.tables(positions)) for rope in self.ropes]
@@ -95,6 +102,9 @@ class LlamaModel:
         """fp32 logits ``[N, vocab]`` of the given rows."""
         h = self.norm(hidden, self.weights.norm, self.config.rms_norm_eps)
         logits = self.weights.lm_head(h)
+        if self.tp is not None:  # each rank holds a slice of the vocabulary: put the slices side by side
+            width = self.tp.shard.vocab_width(self.config.vocab_size)
+            logits = self.tp.gather_columns(F.pad(logits, (0, width - logits.shape[1])))[:, : self.config.vocab_size]
         if self.config.final_softcap is not None:  # Gemma 2, in the model's dtype as transformers does
             cap = self.config.final_softcap
             logits = logits.div_(cap).tanh_().mul_(cap)
@@ -132,13 +142,26 @@ class LlamaModel:
         write_kv(k_cache, v_cache, k, v, meta)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kernels, c.layer_windows[n], c.attn_softcap)
         out = w.o(attn.reshape(num_tokens, c.q_size), delta(lora.o))
+        if self.tp is not None:  # row-parallel: partial sums of the base output and the LoRA delta together
+            self.tp.all_reduce_(out)
         x.add_(out if w.attn_out_norm is None else self.norm(out, w.attn_out_norm, c.rms_norm_eps))
 
         h = self.norm(x, w.post_norm, c.rms_norm_eps)
         gate_up = w.gate_up(h, delta(lora.gate_up))
         act = self.act(gate_up[:, : c.intermediate_size]).mul_(gate_up[:, c.intermediate_size :])
         out = w.down(act, delta(lora.down))
+        if self.tp is not None:
+            self.tp.all_reduce_(out)
         x.add_(out if w.mlp_out_norm is None else self.norm(out, w.mlp_out_norm, c.rms_norm_eps))
+
+    def _parallel_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings from vocabulary slices: each rank looks up the tokens in its slice (zeros elsewhere), and
+        the sum over ranks holds every token's row exactly once."""
+        rows = self.tp.shard.vocab_part(self.config.vocab_size)
+        local = input_ids - rows.start
+        mine = (local >= 0) & (local < rows.stop - rows.start)
+        x = F.embedding(local.clamp(0, rows.stop - rows.start - 1), self.weights.embed)
+        return self.tp.all_reduce_(x.mul_(mine.unsqueeze(1).to(x.dtype)))
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Projections become :class:`~server.model.linear.Linear` (transposed, or pre-packed on CPU); q/k/v and
 gate/up are fused so each is one matmul. Checkpoints that store them fused already (Phi-3's qkv_proj and
-gate_up_proj, per ``core.projections.FAMILY_MODULES``) are taken as they are.
+gate_up_proj, per ``core.projections.FAMILY_MODULES``) are taken as they are. A tensor-parallel rank reads only
+its slices from the files (safetensors slices), never a whole copy of a sharded tensor.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from core.errors import ConfigError
 from core.projections import DOWN, GATE_UP, O_PROJ, QKV, ProjectionGroup, adapter_modules
 from server.model.config import ModelConfig
 from server.model.linear import Linear
+from server.parallel.shards import ROW_PARALLEL, Shard
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Buffers some older checkpoints carry; recomputed by us.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+WHOLE = Shard()
 
 
 @dataclass
@@ -73,29 +76,50 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, as stored."""
-    from safetensors.torch import load_file
+class Checkpoint:
+    """The checkpoint's tensors by name, read lazily: a tensor-parallel rank reads only its slices of each."""
 
-    state: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(model_dir):
-        state.update(load_file(str(path)))
-    return state
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors import safe_open
+
+        self.model_dir = model_dir
+        self._files = {}
+        for path in safetensors_files(model_dir):
+            handle = safe_open(str(path), framework="pt")
+            self._files.update(dict.fromkeys(handle.keys(), handle))
+
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._files[name].get_slice(name).get_shape())
+
+    def read(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        """The tensor, or only ``rows`` (dim 0) and ``cols`` (dim 1) of it, as stored."""
+        if rows is None and cols is None:
+            return self._files[name].get_tensor(name)
+        view = self._files[name].get_slice(name)
+        return view[rows or slice(None)] if cols is None else view[rows or slice(None), cols]
 
 
-def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
-    """Read, check, fuse and place the weights of ``model_dir``."""
-    state = read_state_dict(model_dir)
+def load_weights(
+    model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard = WHOLE
+) -> ModelWeights:
+    """Read, check, fuse and place the weights of ``model_dir`` (``config`` is the whole model's), or with a
+    ``shard`` only that tensor-parallel rank's slices (:mod:`server.parallel.shards`)."""
+    checkpoint = Checkpoint(model_dir)
     used: set[str] = set()
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if name not in state:
+    def take(name: str, shape: tuple[int, ...], rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        if name not in checkpoint:
             raise ConfigError(f"checkpoint in {model_dir} lacks {name}")
-        tensor = state[name]
-        if tuple(tensor.shape) != shape:
-            raise ConfigError(f"{name} has shape {list(tensor.shape)}, config.json implies {list(shape)}")
+        if checkpoint.shape(name) != shape:
+            raise ConfigError(f"{name} has shape {list(checkpoint.shape(name))}, config.json implies {list(shape)}")
         used.add(name)
-        return tensor
+        return checkpoint.read(name, rows, cols)
 
     def linear_t(*parts: torch.Tensor) -> torch.Tensor:
         return torch.cat(parts, dim=0).t().to(device=device, dtype=dtype).contiguous()
@@ -110,15 +134,37 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
 
     h, q, kv = config.hidden_size, config.q_size, config.kv_size
     shapes, modules = config.base_shapes(), adapter_modules(config.model_type)
+    rank = shard.config(config)  # the heads and MLP columns this rank computes
 
     def group_weight(prefix: str, group: ProjectionGroup) -> torch.Tensor:
-        """``group``'s fused weight, transposed, from the checkpoint's modules that hold its projections."""
-        parts = [
-            take(f"{prefix}{m.parent}.{m.name}.weight", shapes.in_out(m.name)[::-1])
-            for m in modules.modules
-            if m.projections[0] in group.projections
-        ]
+        """``group``'s fused weight, transposed, from the checkpoint's modules that hold its projections: this
+        rank's output rows of each column-parallel projection, its input columns of a row-parallel one."""
+        parts = []
+        for m in modules.modules:
+            if m.projections[0] not in group.projections:
+                continue
+            name = f"{prefix}{m.parent}.{m.name}.weight"
+            shape = shapes.in_out(m.name)[::-1]
+            if shard.is_whole:
+                parts.append(take(name, shape))
+                continue
+            at = 0  # a fused module stores its projections' rows one after another
+            for proj in m.projections:
+                size_in, size_out = shapes.in_out(proj)
+                if proj in ROW_PARALLEL:
+                    parts.append(take(name, shape, cols=shard.part(size_in)))
+                else:
+                    own = shard.part(size_out)
+                    parts.append(take(name, shape, rows=slice(at + own.start, at + own.stop)))
+                at += size_out
         return linear_t(*parts)
+
+    def bias(name: str, size: int, parallel: bool) -> torch.Tensor | None:
+        """A column-parallel bias is split with its rows; a row-parallel one is added once, by rank 0."""
+        if parallel:
+            return vector(take(name, (size,), rows=None if shard.is_whole else shard.part(size)))
+        whole = take(name, (size,))
+        return vector(whole) if shard.rank == 0 else None
 
     layers = []
     for n in range(config.num_layers):
@@ -126,12 +172,12 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         qkv_bias = None
         if config.qkv_bias:
             sizes = (("q", q), ("k", kv), ("v", kv))
-            qkv_bias = vector(*(take(p + f"self_attn.{x}_proj.bias", (size,)) for x, size in sizes))
+            qkv_bias = torch.cat([bias(p + f"self_attn.{x}_proj.bias", size, parallel=True) for x, size in sizes])
         qk_norm = None
         if config.qk_norm:
             d = (config.head_dim,)
             q_norm, k_norm = take(p + "self_attn.q_norm.weight", d), take(p + "self_attn.k_norm.weight", d)
-            heads = torch.cat([q_norm.expand(config.num_heads, -1), k_norm.expand(config.num_kv_heads, -1)])
+            heads = torch.cat([q_norm.expand(rank.num_heads, -1), k_norm.expand(rank.num_kv_heads, -1)])
             qk_norm = (heads.float() + 1.0 if config.norm_plus_one else heads.to(dtype)).to(device).contiguous()
         layers.append(
             LayerWeights(
@@ -139,7 +185,7 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                 qkv=Linear(group_weight(p, QKV), qkv_bias),
                 o=Linear(
                     group_weight(p, O_PROJ),
-                    vector(take(p + "self_attn.o_proj.bias", (h,))) if config.o_bias else None,
+                    bias(p + "self_attn.o_proj.bias", h, parallel=False) if config.o_bias else None,
                 ),
                 post_norm=norm_weight(
                     p + ("pre_feedforward" if config.sandwich_norms else "post_attention") + "_layernorm.weight", h
@@ -151,16 +197,19 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                 mlp_out_norm=norm_weight(p + "post_feedforward_layernorm.weight", h) if config.sandwich_norms else None,
             )
         )
-    embed = take("model.embed_tokens.weight", (config.vocab_size, h)).to(device=device, dtype=dtype).contiguous()
-    if config.tie_word_embeddings or "lm_head.weight" not in state:
+    vocab = shard.vocab_part(config.vocab_size)
+    embed_shape = (config.vocab_size, h)
+    embed = take("model.embed_tokens.weight", embed_shape, rows=None if shard.is_whole else vocab)
+    embed = embed.to(device=device, dtype=dtype).contiguous()
+    if config.tie_word_embeddings or "lm_head.weight" not in checkpoint:
         if not config.tie_word_embeddings:
             raise ConfigError(f"checkpoint in {model_dir} lacks lm_head.weight and does not tie embeddings")
         lm_head = Linear(embed.t())
         used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
     else:
-        lm_head = Linear(linear_t(take("lm_head.weight", (config.vocab_size, h))))
+        lm_head = Linear(linear_t(take("lm_head.weight", embed_shape, rows=None if shard.is_whole else vocab)))
     norm = norm_weight("model.norm.weight", h)
-    unknown = sorted(k for k in state if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    unknown = sorted(k for k in checkpoint.names() if k not in used and not k.endswith(_IGNORED_SUFFIXES))
     if unknown:
         raise ConfigError(f"checkpoint has tensors this forward pass would ignore, e.g. {unknown[0]}")
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)

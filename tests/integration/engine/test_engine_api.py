@@ -188,8 +188,8 @@ def test_steps_reuse_their_input_buffers_and_shorter_steps_see_no_stale_data(mod
     step_tokens: list[int] = []
 
     def spy(prepare):
-        def prepare_and_record(batch):
-            inputs = prepare(batch)
+        def prepare_and_record(batch, pad_to=None):
+            inputs = prepare(batch, pad_to)
             tensors = {
                 "input_ids": inputs.input_ids,
                 "positions": inputs.positions,

@@ -126,6 +126,8 @@ CASES = {
 def _step_logits(engine: LLMEngine) -> tuple[torch.Tensor, list[int]]:
     """Run one scheduled step by hand: logits of every computed row and their positions."""
     batch = engine.scheduler.schedule()
+    if engine.runner.followers is not None:
+        engine.runner.followers.step(batch, all_logits=True)  # the other ranks run this step's forward with us
     inputs = engine.runner.prepare(batch)
     with torch.inference_mode():
         hidden = engine.runner.model.forward(inputs.input_ids, inputs.positions, inputs.attention, inputs.segments)
@@ -172,6 +174,53 @@ def test_logits_match_transformers(name, tmp_path):
         logits, positions = _step_logits(engine)
         assert positions == [seq.num_tokens - 1]
         assert (logits - reference[positions]).abs().max().item() <= TOLERANCE
+
+
+# Tensor parallelism: a case of each family over two ranks, and the ones with four KV heads over four too (one head
+# each). "llama-vocab97" splits its vocabulary unevenly (49 + 48 rows).
+TP_CASES = {
+    "llama-mha-bias": (2, 4),
+    "llama-vocab97": (2,),
+    "qwen2-gqa-bias": (2,),
+    "qwen3-mha-bias-tied-yarn": (2, 4),
+    "mistral-gqa-window16": (2,),
+    "phi3-partial-rotary": (2,),
+    "gemma2-mha-binding-caps-window24": (2, 4),
+    "gemma3-window16-local-rope": (2,),
+}
+TP_TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize(("name", "world"), [(name, world) for name, worlds in TP_CASES.items() for world in worlds])
+def test_tensor_parallel_logits_match_one_rank(name, world, tmp_path):
+    """Split over ``world`` ranks (gloo), every prefill chunk and decode gives the one-rank engine's logits."""
+    spec = dict(CASES.get(name) or dict(arch="llama", vocab_size=97))
+    arch, engine_fields = spec.pop("arch"), spec.pop("engine", {})
+    model_dir = save_model(tmp_path / "hf", hf_config(arch, **spec))
+    prompt = torch.randint(3, 96, (41,), generator=torch.Generator().manual_seed(1)).tolist()
+    runs = []
+    for tp in (1, world):
+        config = EngineConfig(
+            model=str(model_dir),
+            pool_bytes=4 << 20,
+            max_num_batched_tokens=16,
+            tensor_parallel_size=tp,
+            num_threads=1,
+            **engine_fields,
+        )
+        engine = LLMEngine(config)
+        try:
+            engine.add_request("chunked", prompt, SamplingParams(temperature=0.0))
+            steps = [_step_logits(engine)[0] for _ in range(3)]  # 16 + 16 + 9 prompt tokens
+            seq = engine.scheduler.running[0]
+            for token in (5, 17, 88, 23):
+                seq.token_ids.append(token)
+                steps.append(_step_logits(engine)[0])
+        finally:
+            engine.close()
+        runs.append(steps)
+    for one, split in zip(*runs, strict=True):
+        assert one.shape == split.shape and (one - split).abs().max().item() <= TP_TOLERANCE
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -96,29 +98,71 @@ def test_mixed_batch_matches_peft_and_adapters_matter(case):
         assert (tokens != base_tokens) == (adapter is not None)
 
 
-def test_parity_holds_when_requests_are_preempted_and_resumed(case):
+@pytest.fixture(scope="module")
+def wide_case(case, tmp_path_factory):
+    """The case with adapters of rank 1 and 64 on all seven projections beside its own (ranks 1..64), and PEFT's
+    answers to requests for them."""
     base, dirs, requests, expected = case
-    probe = LLM(base, pool_bytes=16 << 20, max_lora_rank=32)
+    root = tmp_path_factory.mktemp("wide")
+    extra = {
+        "all-r1": save_adapter(root / "r1", base, seed=11, r=1, lora_alpha=2, target_modules=ALL_PROJECTIONS),
+        "all-r64": save_adapter(root / "r64", base, seed=12, r=64, lora_alpha=64, target_modules=ALL_PROJECTIONS),
+    }
+    more = [(requests[i][0], name) for i, name in ((0, "all-r1"), (1, "all-r64"), (2, "all-r1"), (3, "all-r64"))]
+    peft_model = _peft_model(base, extra)
+    answers = [_peft_generate(peft_model, prompt, adapter, MAX_TOKENS) for prompt, adapter in more]
+    return base, {**dirs, **extra}, requests + more, expected + answers
+
+
+def test_tensor_parallel_mixed_batch_matches_peft(wide_case):
+    """Split over two ranks (gloo): one mixed batch of adapters of ranks 1 to 64 on every projection gives PEFT's
+    greedy tokens, each rank holding its slices of the model and of every adapter."""
+    base, dirs, requests, expected = wide_case
+    kw = dict(max_lora_rank=64, tensor_parallel_size=2, num_threads=1)
+    llm, got = _run(base, dirs, requests, pool_bytes=16 << 20, **kw)
+    assert llm.engine.runner.model.config.num_kv_heads == 1  # half of the model's two
+    llm.close()
+    assert got == expected
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_parity_holds_when_requests_are_preempted_and_resumed(case, world):
+    """Also split over two tensor-parallel ranks (gloo): rank 0 preempts, every rank recomputes."""
+    base, dirs, requests, expected = case
+    tp = dict(tensor_parallel_size=world, num_threads=1)
+    probe = LLM(base, pool_bytes=16 << 20, max_lora_rank=32, **tp)
     adapter_pages = 0
     for name, path in dirs.items():
         probe.load_adapter(name, path)
     adapter_pages = probe.engine.pool_stats().adapter_pages
-    page_bytes = probe.engine.pool_stats().page_bytes
+    page_bytes = probe.engine.pool_stats().page_bytes  # one rank's: its share of the KV heads and adapters
+    probe.close()
     longest = max(len(prompt) for prompt, _ in requests) + MAX_TOKENS
     # Room for the adapters plus about two of the longest sequences: most requests wait or get preempted.
     kv_pages = 2 * blocks_for(longest, 16) + 1
-    llm, got = _run(base, dirs, requests, pool_bytes=(adapter_pages + kv_pages) * page_bytes, watermark=0.0)
+    llm, got = _run(base, dirs, requests, pool_bytes=(adapter_pages + kv_pages) * page_bytes, watermark=0.0, **tp)
+    llm.close()
     assert llm.engine.num_preemptions > 0
     assert got == expected
     stats = llm.engine.pool_stats()
     assert stats.kv_pages == 0 and stats.free_pages + stats.kv_cached_pages == stats.total_pages - stats.adapter_pages
 
 
-def test_parity_holds_under_fair_scheduling_across_tenants(case):
+@pytest.mark.parametrize("world", [1, 2])
+def test_parity_holds_under_fair_scheduling_across_tenants(case, world):
     """Tenants with weights and classes, a flood that holds every seat until quieter tenants take their share
-    (fairness preemptions), short steps while decoding: the same greedy tokens as PEFT, and the pool ends empty."""
+    (fairness preemptions), short steps while decoding: the same greedy tokens as PEFT, and the pool ends empty;
+    on one rank and on two (tensor parallelism)."""
     base, dirs, requests, expected = case
-    llm = LLM(base, pool_bytes=16 << 20, max_lora_rank=32, max_num_seqs=4, step_tokens_while_decoding=24)
+    llm = LLM(
+        base,
+        pool_bytes=16 << 20,
+        max_lora_rank=32,
+        max_num_seqs=4,
+        step_tokens_while_decoding=24,
+        tensor_parallel_size=world,
+        num_threads=1,
+    )
     for name, path in dirs.items():
         llm.load_adapter(name, path)
     engine, params = llm.engine, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -132,6 +176,7 @@ def test_parity_holds_under_fair_scheduling_across_tenants(case):
         for out in engine.step():
             if out.finished:
                 got[out.request_id] = out.outputs[0].token_ids
+    llm.close()
     assert [got[str(i)] for i in range(len(requests))] == expected
     assert engine.num_preemptions > 0
     stats = engine.pool_stats()
@@ -158,19 +203,104 @@ def test_repetition_penalty_matches_transformers_in_a_mixed_batch(case):
 
 
 def test_parity_with_triton_kernels(case, monkeypatch):
-    """The Triton SGMV and paged-attention kernels (interpreted on CPU) give the same tokens."""
-    base, dirs, requests, expected = case
-    if not torch.cuda.is_available():
-        import os
+    """The Triton SGMV and paged-attention kernels (interpreted on CPU) give the same tokens: with whole prompts, and
+    with 16-token chunks, where one varlen launch per layer attends to later chunks (earlier tokens read back from
+    pages) beside decode rows."""
+    from loraplex_kernels import TritonBackend
 
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
+    base, dirs, requests, expected = case
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
     monkeypatch.setenv("LORAPLEX_KERNELS", "triton")  # read when the engine is built, below
+    launches: list[tuple[list[int], list[int]]] = []  # (new tokens, cached tokens) per sequence, per launch
+    launch = TritonBackend.paged_attention_prefill
+
+    def recorded(self, q, k_cache, v_cache, query_starts, query_lens, context_lens, *args):
+        launches.append((query_lens.tolist(), context_lens.tolist()))
+        return launch(self, q, k_cache, v_cache, query_starts, query_lens, context_lens, *args)
+
+    monkeypatch.setattr(TritonBackend, "paged_attention_prefill", recorded)
     subset = [0, 2, 3, 6, 8]  # attention-only, all seven, q/v, base, rank 16 MLP: every kernel path
     small_dirs = {name: dirs[name] for name in ("attn-r8", "all-r32", "qv-r2", "mlp-r16")}
-    llm, got = _run(base, small_dirs, [requests[i] for i in subset], pool_bytes=16 << 20, max_tokens=4)
-    assert llm.engine.runner.model.kernels.name == "triton"
-    assert got == [expected[i][:4] for i in subset]
+    for chunk in (2048, 16):
+        launches.clear()
+        llm, got = _run(
+            base,
+            small_dirs,
+            [requests[i] for i in subset],
+            pool_bytes=16 << 20,
+            max_tokens=4,
+            max_num_batched_tokens=chunk,
+        )
+        assert llm.engine.runner.model.kernels.name == "triton"
+        assert got == [expected[i][:4] for i in subset]
+        assert launches
+    mixed = [(n, c) for lens, contexts in launches if 1 in lens for n, c in zip(lens, contexts, strict=True)]
+    assert any(n > 1 and c > 0 for n, c in mixed)  # a later chunk and a decode row in one launch
+
+
+@dataclass
+class GraphLog:
+    pads: list[tuple[int, int]] = field(default_factory=list)  # (decoding sequences, bucket) per step
+    replays: list[bool] = field(default_factory=list)  # with LoRA, per replay
+
+
+def _with_decode_graphs(llm: LLM, largest: int) -> GraphLog:
+    """Give ``llm``'s runner decode graphs up to batch ``largest``, prepared but not captured (no CUDA here): every
+    decode step then runs padded to its bucket over the graphs' fixed inputs."""
+    from server.engine.cuda_graphs import DecodeGraphs, graph_buckets
+
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(
+        runner.model, runner.buffers, llm.engine.pool, graph_buckets(largest), 32, max_blocks=8, capture=False
+    )
+    graphs.capture_all()
+    log, pad, replay = GraphLog(), graphs.pad, graphs.replay
+
+    def logged_pad(num_seqs: int, bucket: int, slots: list[int]) -> None:
+        log.pads.append((num_seqs, bucket))
+        pad(num_seqs, bucket, slots)
+
+    def logged_replay(bucket: int, with_lora: bool) -> torch.Tensor:
+        log.replays.append(with_lora)
+        return replay(bucket, with_lora)
+
+    graphs.pad, graphs.replay = logged_pad, logged_replay
+    runner.graphs = graphs
+    return log
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_parity_with_decode_graphs(case, kernels, monkeypatch):
+    """Decode steps padded to a graph's batch size (the CUDA graph path, run eagerly here) give PEFT's tokens: padding
+    rows touch no sequence's pages, one segment per row applies each row's adapter, and base-only steps take the
+    graph without LoRA. At most five sequences decode together, in graphs of 1, 2, 4 and 5: a step of 3 runs as 4."""
+    base, dirs, requests, expected = case
+    if kernels == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
+    monkeypatch.setenv("LORAPLEX_KERNELS", kernels)
+    subset = range(len(requests)) if kernels == "torch" else [0, 2, 6, 8, 9]  # triton: fewer, under the interpreter
+    max_tokens = MAX_TOKENS if kernels == "torch" else 4
+    llm = LLM(base, pool_bytes=16 << 20, max_lora_rank=32, max_num_seqs=5)
+    for name, path in dirs.items():
+        llm.load_adapter(name, path)
+    free_before = llm.engine.pool_stats().free_pages
+    log = _with_decode_graphs(llm, largest=5)
+    assert llm.engine.pool_stats().free_pages == free_before - 1  # the padding rows' scratch page
+    # Lengths that differ end sequences at different steps, so decode batches take every size.
+    lengths = [max_tokens - i % 3 for i in subset]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate([(*requests[i], p) for i, p in zip(subset, params, strict=True)])
+    got = [out.outputs[0].token_ids for out in outputs]
+    assert got == [expected[i][:n] for i, n in zip(subset, lengths, strict=True)]
+    assert len(log.replays) == len(log.pads) and any(log.replays)
+    # The base model alone replays the graphs without LoRA; three sequences decode as a graph of four.
+    first_base = next(i for i in subset if requests[i][1] is None)
+    log.replays.clear()
+    outputs = llm.generate([(requests[first_base][0], None, params[0])] * 3)
+    assert [out.outputs[0].token_ids for out in outputs] == [expected[first_base][:max_tokens]] * 3
+    assert log.replays and not any(log.replays)
+    assert (3, 4) in log.pads
 
 
 # Families beyond Llama's shape: Mistral (a 16-token window on every layer); Qwen2 (q/k/v biases, a window on the
@@ -358,9 +488,11 @@ def _llm(base: Path, dirs: dict[str, Path], names, **kw) -> LLM:
     return llm
 
 
-def test_prefix_cache_keeps_greedy_tokens_and_never_crosses_adapters(case):
+@pytest.mark.parametrize("world", [1, 2])
+def test_prefix_cache_keeps_greedy_tokens_and_never_crosses_adapters(case, world):
     """One prompt prefix under adapter X (k/v carry LoRA), adapter Y and the base, interleaved over waves: the
-    tokens equal those without caching (also with 16-token chunks), and only the same adapter finds the pages."""
+    tokens equal those without caching (also with 16-token chunks), and only the same adapter finds the pages;
+    also over two tensor-parallel ranks, where rank 0 shares the pages every rank computed."""
     base, dirs, _, _ = case
     x, y = "attn-r8", "all-r32"
     p = _prefixed(11)
@@ -368,8 +500,9 @@ def test_prefix_cache_keeps_greedy_tokens_and_never_crosses_adapters(case):
     off, off_cached = _waves(_llm(base, dirs, (x, y), enable_prefix_caching=False), waves)
     assert off_cached == [0] * 7
     for kw in ({}, {"max_num_batched_tokens": 16}):
-        llm = _llm(base, dirs, (x, y), **kw)
+        llm = _llm(base, dirs, (x, y), tensor_parallel_size=world, num_threads=1, **kw)
         on, cached = _waves(llm, waves)
+        llm.close()
         assert on == off
         # Wave 2: Y and the base miss X's pages; X finds its two full prefix pages. Wave 3: everyone hits.
         assert cached == [0, 0, 0, 32, 32, 32, 32]

@@ -82,6 +82,17 @@ def test_preempted_constrained_sequences_resume_their_grammar(tiny_model_dir, ll
         assert_valid(out.outputs[0], PERSON)
 
 
+def test_constrained_outputs_over_two_tensor_parallel_ranks_equal_one_rank(tiny_model_dir, llm):
+    """Split over two ranks, rank 0 alone masks and samples the gathered logits: the same schema-valid answers."""
+    requests = [(f"Person number {i}:", None, constrained(PERSON, temperature=0.0)) for i in range(3)]
+    expected = [out.outputs[0].text for out in llm.generate(requests)]
+    with LLM(tiny_model_dir, pool_bytes=16 << 20, max_model_len=512, tensor_parallel_size=2, num_threads=1) as split:
+        outs = split.generate(requests)
+    assert [out.outputs[0].text for out in outs] == expected
+    for out in outs:
+        assert_valid(out.outputs[0], PERSON)
+
+
 @pytest.mark.parametrize(
     ("schema", "feature"),
     [

@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 
 import httpx
+import psutil
+import pytest
 import redis
-from openai import OpenAI
+from openai import APIError, OpenAI
 
 from core.local_services import LOOPBACK, EmbeddedRedis, ManagedProcess, free_port
 from core.protocol import ADAPTER_FIELD, RESIDENCY_STREAM, STATS_FIELD, ReplicaStatus, replica_key
@@ -117,3 +119,49 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/ready", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_tensor_parallel_server_whose_rank_dies_ends_its_streams_and_exits(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``--tensor-parallel-size 2`` serves through two ranks (gloo). When rank 1 is killed, the open stream ends
+    with an error at once instead of hanging, readiness goes, and the server exits non-zero within seconds, for its
+    supervisor to start it again."""
+    port = free_port()
+    url = f"http://{LOOPBACK}:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+    env.update({"LORAPLEX_DATA_DIR": str(tmp_path / "data"), "LORAPLEX_INTERNAL_TOKEN": TOKEN,
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "250"})  # fmt: skip
+    argv = [
+        sys.executable, "-m", "core", "server", "--model", str(tiny_model_dir), "--host", LOOPBACK,
+        "--port", str(port), "--pool-bytes", str(4 << 20), "--max-model-len", "512", "--threads", "1",
+        "--tensor-parallel-size", "2",
+    ]  # fmt: skip
+    process = ManagedProcess("tp-server", argv, tmp_path / "server.log", env=env, cwd=REPO_ROOT).start()
+    try:
+        process.wait_ready(lambda: _ready(url), timeout=120)
+        client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+        model = tiny_model_dir.name
+        one = client.completions.create(model=model, prompt="hello", max_tokens=4, temperature=0)
+        assert one.choices[0].text
+
+        def children(proc: psutil.Process, running: str) -> list[psutil.Process]:
+            return [c for c in proc.children() if running in " ".join(c.cmdline())]
+
+        (engine,) = children(psutil.Process(process.pid), "spawn_main")
+        (rank1,) = children(engine, "server.parallel.follower")
+        stream = client.completions.create(
+            model=model, prompt="hello", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+        )
+        chunks = iter(stream)
+        next(chunks)
+        rank1.kill()
+        with pytest.raises(APIError):
+            for _ in chunks:
+                pass
+        exit_code = process.proc.wait(timeout=60)
+    finally:
+        process.stop()
+    log = process.log_tail()
+    assert exit_code == 1, log
+    assert "error: the engine stopped" in " ".join(log.split()) and "tensor-parallel" in log, log

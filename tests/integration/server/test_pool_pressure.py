@@ -49,23 +49,38 @@ def alone(tiny_model_dir: Path, adapter_dirs: list[Path]) -> tuple[dict[tuple[in
     return tokens, pages, llm.engine.pool_stats().page_bytes
 
 
-def pool_of_three(tiny_model_dir: Path, alone: tuple[object, int, int]) -> ServerConfig:
+def pool_of_three(
+    tiny_model_dir: Path, alone: tuple[object, int, int], adapter_dir: Path | None = None, world: int = 1
+) -> tuple[ServerConfig, int]:
     """A server whose pool holds RESIDENT adapters and KV_PAGES pages of KV, its engine in a process of its own
-    as `loraplex server` runs it: loads, evictions and the pool view all cross the pipe."""
+    as `loraplex server` runs it: loads, evictions and the pool view all cross the pipe. Over ``world``
+    tensor-parallel ranks, each rank's pool is sized by its own pages (its slices of the KV heads and adapters).
+    Returns the config and the pages one adapter takes."""
     _, adapter_pages, page_bytes = alone
-    return server_config(
+    if world > 1:
+        with LLM(tiny_model_dir, pool_bytes=4 << 20, max_model_len=256, tensor_parallel_size=world) as probe:
+            probe.load_adapter("a", adapter_dir)
+            adapter_pages = probe.engine.adapters.resident["a"].num_pages
+            page_bytes = probe.engine.pool_stats().page_bytes
+    config = server_config(
         tiny_model_dir,
         max_model_len=256,
         pool_bytes=(RESIDENT * adapter_pages + KV_PAGES) * page_bytes,
         max_resident_adapters=RESIDENT,
         engine_process=True,
+        tensor_parallel_size=world,
     )
+    return config, adapter_pages
 
 
-def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, alone, s3_store: S3ObjectStore):
-    expected, adapter_pages, _ = alone
+@pytest.mark.parametrize("world", [1, 2])
+def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, alone, s3_store: S3ObjectStore, world):
+    """Also with the model and every adapter split over two tensor-parallel ranks: rank 0 evicts and places,
+    rank 1 writes its slices where rank 0 put them, and every answer is still the one-rank engine's."""
+    expected, _, _ = alone
     assert len({tuple(t) for t in expected.values()}) > NUM_ADAPTERS  # the adapters really differ
-    with running(pool_of_three(tiny_model_dir, alone), s3_store) as server:
+    config, adapter_pages = pool_of_three(tiny_model_dir, alone, adapter_dirs[0], world)
+    with running(config, s3_store) as server:
         base = server.runtime.base_name
         descriptors: list[AdapterDescriptor] = [upload(s3_store, d, base) for d in adapter_dirs]
         client = server.client()
@@ -103,7 +118,7 @@ def test_twelve_adapters_through_a_pool_of_three(tiny_model_dir, adapter_dirs, a
 def test_the_tenant_above_its_share_of_the_pool_is_evicted_first(tiny_model_dir, adapter_dirs, alone, s3_store):
     """Tenant B's adapter is the idlest, so recency alone would evict it; but tenant A holds two of the three
     adapters (twice B's pages, its fair share being half), so A's idler adapter makes room for B's next."""
-    with running(pool_of_three(tiny_model_dir, alone), s3_store) as server:
+    with running(pool_of_three(tiny_model_dir, alone)[0], s3_store) as server:
         base = server.runtime.base_name
         b0, a0, a1, b1 = (upload(s3_store, adapter_dirs[i], base) for i in range(4))
         client = server.client()

@@ -36,7 +36,7 @@ def test_kernels_compile_for_hopper_with_tensor_cores_and_vector_loads():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    for kernel in ("shrink/bf16/sm90/align8", "expand/bf16/sm90/align8", "decode/bf16/sm90"):
+    for kernel in ("shrink/bf16/sm90/align8", "expand/bf16/sm90/align8", "decode/bf16/sm90", "prefill/bf16/sm90"):
         assert report[kernel]["tensor_cores"], kernel
         # Rows that start on ROW_ALIGN boundaries are fetched 16 bytes at a time, never element by element.
         assert report[kernel]["cp_async_16"] > 0, kernel
