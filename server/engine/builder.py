@@ -54,14 +54,20 @@ class EngineParts:
     followers: Followers | None = None  # rank 0 under tensor parallelism: the other ranks' processes
 
 
-def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    """``auto`` means CUDA with bf16 when a GPU is present, else CPU with fp32."""
+def resolve_device(config: EngineConfig, rank: int = 0) -> tuple[torch.device, torch.dtype]:
+    """``auto`` means CUDA with bf16 when a GPU is present, else CPU with fp32. Tensor-parallel rank ``rank`` takes
+    GPU ``rank`` (and makes it the current one)."""
     name = config.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("EngineConfig.device is 'cuda' but no GPU is visible")
-    device = torch.device(name)
+    visible = torch.cuda.device_count()
+    if name == "cuda" and config.tensor_parallel_size > visible:
+        raise ConfigError(f"tensor_parallel_size {config.tensor_parallel_size} needs as many GPUs; {visible} visible")
+    device = torch.device(name, rank) if name == "cuda" else torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if config.dtype == "auto":
         return device, torch.bfloat16 if device.type == "cuda" else torch.float32
     return device, DTYPES[config.dtype]
@@ -124,7 +130,7 @@ def build_engine_parts(config: EngineConfig, tp: TensorParallel | None = None) -
     pages hold this rank's slice (:mod:`server.parallel.shards`)."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)  # process-wide in torch
-    device, dtype = resolve_device(config)
+    device, dtype = resolve_device(config, 0 if tp is None else tp.rank)
     kernels = choose_kernels(device, dtype)
     if device.type == "cpu":
         reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
@@ -179,6 +185,8 @@ def build_engine_parts(config: EngineConfig, tp: TensorParallel | None = None) -
     )
     runner = ModelRunner(model, Sampler(config.seed), adapters.slot_max_rank, config.block_size, device, buffers)
     runner.followers = followers
+    if tp is not None:
+        tp.barrier()  # every rank built: a rank that failed to (and exited) fails rank 0's start here, not a request
     if use_graphs(config, device, kernels):
         runner.graphs = capture_decode_graphs(
             model,

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def follower_main(config: EngineConfig, address: GroupAddress, rank: int) -> None:
     """A follower process's work (started by :class:`server.parallel.followers.Followers`)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp-rank{rank} %(levelname)s %(name)s: %(message)s")
-    device, _ = resolve_device(config)
+    device, _ = resolve_device(config, rank)
     try:
         tp = TensorParallel(join_store(address), address, rank, device)
         parts = build_engine_parts(config, tp)

@@ -113,6 +113,10 @@ class TensorParallel:
         self._wait(self._objects.broadcast(payload, 0))
         return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
 
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point (a rank that exited instead raises :class:`RankFailed`)."""
+        self._wait(self._objects.allreduce([torch.zeros(1)]))
+
     def _wait(self, work: dist.Work) -> None:
         try:
             work.wait()
