@@ -37,11 +37,12 @@ def load_peft_on(
     return model.to(device).eval()
 
 
-def generate_one(model: Any, prompt: list[int], adapter: str | None, max_tokens: int) -> list[int]:
-    """Greedy tokens of one request alone (no padding): the reference a parity check compares against."""
+def generate_one(model: Any, prompt: list[int], adapter: str | None, max_tokens: int, **generate: Any) -> list[int]:
+    """Greedy tokens of one request alone (no padding): the reference a parity check compares against (also the
+    engine parity suite's, ``tests/integration/engine/test_peft_parity.py``); ``generate``: more of its options."""
     ids = torch.tensor([prompt], device=model.device)
     # eos_token_id None: run to max_tokens without masking EOS (min_new_tokens would), as ignore_eos does in ours.
-    kwargs = {"max_new_tokens": max_tokens, "eos_token_id": None, "do_sample": False, "pad_token_id": 0}
+    kwargs = {"max_new_tokens": max_tokens, "eos_token_id": None, "do_sample": False, "pad_token_id": 0, **generate}
     with torch.inference_mode():
         if adapter is None:
             with model.disable_adapter():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.gpu.peft_baseline import generate_one
 from core.adapter_format import inspect_adapter, load_adapter_weights
 from server.engine import SamplingParams
 from server.engine.tenancy import Priority, Tenancy
@@ -46,17 +47,7 @@ def _peft_model(base: Path, dirs: dict[str, Path], dtype: torch.dtype = torch.fl
     return model.eval()
 
 
-def _peft_generate(model, prompt: list[int], adapter: str | None, max_tokens: int, **generate) -> list[int]:
-    ids = torch.tensor([prompt])
-    kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, **generate)
-    with torch.inference_mode():
-        if adapter is None:
-            with model.disable_adapter():
-                out = model.generate(ids, **kwargs)
-        else:
-            model.set_adapter(adapter)
-            out = model.generate(ids, **kwargs)
-    return out[0, len(prompt) :].tolist()
+_peft_generate = generate_one  # PEFT generating one request alone, the reference every test here compares with
 
 
 @pytest.fixture(scope="module")
