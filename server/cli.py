@@ -127,7 +127,6 @@ def register(app: typer.Typer) -> None:
             int,
             typer.Option(
                 "--tensor-parallel-size",
-                "-tp",
                 help="Split the model over this many ranks (one process and device each; gloo on CPU, NCCL on CUDA).",
             ),
         ] = 1,
