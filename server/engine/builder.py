@@ -196,7 +196,8 @@ def build_engine_parts(config: EngineConfig, tp: TensorParallel | None = None) -
             lora_rank=config.max_lora_rank,
             max_blocks=blocks_for(min(max_model_len, MAX_GRAPH_CONTEXT), config.block_size),
         )
-    tokenizer = load_tokenizer(config.model)
+    follower = tp is not None and tp.rank > 0
+    tokenizer = None if follower else load_tokenizer(config.model)  # a follower never sees text
     eos = set(model_config.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
