@@ -68,7 +68,6 @@ class KernelBackend(ABC):
         with a sliding ``window`` the last ``window`` of them (positions ``>= context_lens[b] - window``);
         ``softcap`` caps each scaled score ``s`` as ``softcap * tanh(s / softcap)`` (Gemma 2)."""
 
-    @abstractmethod
     def paged_attention_prefill(
         self,
         q: torch.Tensor,
@@ -85,7 +84,14 @@ class KernelBackend(ABC):
     ) -> torch.Tensor:
         """Causal attention of a whole step's rows ``[T, heads, d]`` (prompt chunks and decodes) over the paged
         cache, which already holds the step's keys: sequence ``s`` owns rows ``query_starts[s] ..
-        + query_lens[s]`` at positions from ``context_lens[s]`` on (``loraplex_kernels.triton_prefill``)."""
+        + query_lens[s]`` at positions from ``context_lens[s]`` on (``loraplex_kernels.triton_prefill``).
+
+        Backends without a varlen kernel (``varlen_prefill`` False, which the engine then never calls) answer
+        with the plain per-sequence loop of :mod:`loraplex_kernels.reference`."""
+        return reference.paged_attention_prefill(
+            q, k_cache, v_cache, query_starts, query_lens, context_lens, block_tables, max_query_len, scale, window,
+            softcap,
+        )  # fmt: skip
 
 
 class TorchBackend(KernelBackend):
@@ -130,36 +136,6 @@ class TorchBackend(KernelBackend):
     ) -> torch.Tensor:
         return torch_ops.paged_attention_decode_with(
             self.loops, q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
-        )
-
-    def paged_attention_prefill(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        query_starts: torch.Tensor,
-        query_lens: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_tables: torch.Tensor,
-        max_query_len: int,
-        scale: float,
-        window: int | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
-        # The engine never calls this (varlen_prefill is False: SDPA per chunk is faster here); the plain
-        # per-sequence loop keeps the method correct for anyone who does.
-        return reference.paged_attention_prefill(
-            q,
-            k_cache,
-            v_cache,
-            query_starts,
-            query_lens,
-            context_lens,
-            block_tables,
-            max_query_len,
-            scale,
-            window,
-            softcap,
         )
 
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from loraplex_kernels.configs import MIN_DOT, AttentionConfig, attention_config, next_pow2, num_sms
-from loraplex_kernels.triton_common import check_launchable, dot
+from loraplex_kernels.triton_common import check_launchable, check_paged_caches, dot
 
 NO_WINDOW = 2**31 - 1  # the window passed for full attention: longer than any context (int32)
 
@@ -209,11 +209,8 @@ def paged_attention_decode(
     with a sliding ``window`` over the last ``window`` of them; ``softcap`` caps each scaled score ``s`` as
     ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2)."""
     batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads:
-        raise ValueError("caches must be [pages, block_size, kv_heads, head_dim] with kv_heads dividing num_heads")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_paged_caches(q, k_cache, v_cache)
     interpret = check_launchable(q, k_cache, v_cache, block_tables, context_lens, interpret=interpret)
     out = torch.empty_like(q)
     if batch == 0:

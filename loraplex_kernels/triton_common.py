@@ -23,6 +23,14 @@ def dot(a, b, INTERPRET: tl.constexpr):
     return tl.dot(a, b, input_precision="ieee")
 
 
+def check_paged_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Raise unless ``q`` ``[rows, heads, d]`` can attend over K/V caches ``[pages, block_size, kv_heads, d]``."""
+    if k_cache.shape[-1] != q.shape[-1] or v_cache.shape != k_cache.shape or q.shape[1] % k_cache.shape[2]:
+        raise ValueError("caches must be [pages, block_size, kv_heads, head_dim] with kv_heads dividing num_heads")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+
+
 def check_launchable(*tensors: torch.Tensor, interpret: bool | None = None) -> bool:
     """Raise unless every tensor can reach a Triton kernel; return whether the interpreter runs it.
 

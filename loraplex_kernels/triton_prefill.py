@@ -21,7 +21,7 @@ import triton.language as tl
 
 from loraplex_kernels.configs import MIN_DOT, PrefillConfig, cdiv, next_pow2, prefill_config
 from loraplex_kernels.triton_attention import NO_WINDOW, _tanh
-from loraplex_kernels.triton_common import check_launchable, dot
+from loraplex_kernels.triton_common import check_launchable, check_paged_caches, dot
 
 
 @triton.jit
@@ -163,11 +163,8 @@ def paged_attention_prefill(
     keeps keys ``position - window < j``; ``softcap`` caps each scaled score as ``softcap * tanh(s / softcap)``.
     Rows no sequence owns are left as they were allocated (uninitialised)."""
     num_rows, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads:
-        raise ValueError("caches must be [pages, block_size, kv_heads, head_dim] with kv_heads dividing num_heads")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_paged_caches(q, k_cache, v_cache)
     num_seqs = query_lens.shape[0]
     if query_starts.shape[0] != num_seqs or context_lens.shape[0] != num_seqs or block_tables.shape[0] != num_seqs:
         raise ValueError("query_starts, query_lens, context_lens and block_tables need one entry per sequence")

@@ -135,13 +135,13 @@ def build_engine_parts(config: EngineConfig, tp: TensorParallel | None = None) -
     if device.type == "cpu":
         reuse_freed_host_memory()  # process-wide, like the thread count: activations live in host memory
     model_config = ModelConfig.from_dir(config.model)
-    Shard(0, config.tensor_parallel_size).config(model_config)  # refuse sizes the ranks cannot split, before spawning
+    # Every rank's slice has the same shape; working it out first refuses sizes the ranks cannot split, before spawning.
+    rank_config = Shard(0, config.tensor_parallel_size).config(model_config)
     followers = None
     if tp is None and config.tensor_parallel_size > 1:
         followers = Followers.start(config, device)  # they load their slices while we load ours
         tp = followers.tp
     shard = Shard() if tp is None else tp.shard
-    rank_config = shard.config(model_config)
     max_model_len = config.max_model_len or model_config.default_max_model_len
     weights: ModelWeights = load_weights(config.model, model_config, dtype, device, shard)
     geometry = KVGeometry(rank_config.num_layers, rank_config.num_kv_heads, rank_config.head_dim, config.block_size)
