@@ -3,8 +3,8 @@
  * W^T ([in, out]) is packed as panels of PANEL_COLS output columns, each panel [in][PANEL_COLS] contiguous
  * (the last one zero-padded), so a panel streams front to back while a block of up to ROW_BLOCK input rows
  * accumulates 2 x ROW_BLOCK vectors in registers. Measured with bench/linear_cpu.py (the engine benchmark's
- * shapes, one thread of an AVX-512 Xeon): against oneDNN's packed matmul, 1.2-1.35x from 16 to 64 rows (the
- * fetch of the panel ahead, below), 1.0-1.1x at 256 and 1,024, and 1.3-1.6x at 1-8 rows, where oneDNN stays
+ * shapes, one thread of an AVX-512 Xeon): against oneDNN's packed matmul, 1.24-1.37x from 16 to 64 rows (the
+ * fetch of the panel ahead, below), 1.03x at 256 and 1,024, and 1.27-1.48x at 1-8 rows, where oneDNN stays
  * below the memory bandwidth. Unlike oneDNN it keeps no code per row count.
  *
  * In bf16 (x, panels and y bf16; bias fp32; fp32 accumulation) a panel holds pairs of input rows interleaved,
@@ -24,7 +24,8 @@
  * panel ahead, so the fetch is spread evenly over the compute. Before, a panel's first row block streamed it
  * from DRAM at memory speed and its other blocks computed from L2 with the memory idle: at 16-48 rows the
  * time was the sum of the two, not the larger. bench/linear_cpu.py, one thread, 94 MB of weights, ms per pass
- * (before -> after): 16 rows 11.9 -> 9.0, 32 rows 17.7 -> 12.5, 48 rows 23.0 -> 16.3, 1-8 rows 5-20% less.
+ * (before -> after, one session): 8 rows 10.2 -> 7.8, 16 rows 12.7 -> 9.3, 32 rows 17.2 -> 12.6, 64 rows 27.3 ->
+ * 21.2.
  * One panel ahead left the small row counts short of the bandwidth; four measured no better than two. */
 #define PANEL_LINE 128
 #define prefetch_panel_line(p) (__builtin_prefetch((p), 0, 2), __builtin_prefetch((p) + 64, 0, 2))

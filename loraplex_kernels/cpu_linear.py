@@ -1,8 +1,8 @@
 """Dense projections through the C panel GEMM (``cpu_gemm.c``).
 
 Used on CPU in fp32 where the library computes with 512-bit vectors; there it is as fast as oneDNN's packed
-matmul or faster at every row count the engine runs: 1.2-1.35x at decode batches of 16-64 rows, 1.3-1.6x at a
-few rows (``bench/linear_cpu.py``, one thread), and, unlike oneDNN, keeps no kernel per row count. In bf16 it is
+matmul or faster at every row count the engine runs: 1.24-1.37x at decode batches of 16-64 rows, 1.27-1.48x at
+a few rows (``bench/linear_cpu.py``, one thread), and, unlike oneDNN, keeps no kernel per row count. In bf16 it is
 used wherever the library builds: panels hold pairs of input rows interleaved (``cpu_gemm.c``), fp32
 accumulation, through AMX tiles where the CPU and kernel offer them.
 """
