@@ -24,6 +24,9 @@ class ReplicaRouter:
         self.clock = clock
         self.marks = ReplicaMarks()
         self.in_flight: Counter[str] = Counter()
+        # When a request here last ended (Unix seconds): activity for the idle clock from the moment the replica's
+        # answer is over, before the request's own bookkeeping touches it (api.scaling.scaler.idle_for).
+        self.last_finished = 0.0
 
     async def candidates(self, adapter_id: str | None) -> list[ReplicaStatus]:
         """Replicas to try, best first; ``ServiceUnavailable`` (with retry-after) when there is none."""
@@ -55,6 +58,7 @@ class ReplicaRouter:
 
     def finish(self, replica_id: str) -> None:
         """A request at ``replica_id`` ended."""
+        self.last_finished = time.time()
         self.in_flight[replica_id] -= 1
         if self.in_flight[replica_id] <= 0:
             del self.in_flight[replica_id]

@@ -153,8 +153,10 @@ class ReplicaScaler:
     # ----- idleness ------------------------------------------------------------------------------------------
 
     async def idle_for(self, base: str) -> float:
-        """Seconds since any API process last started or finished a request for ``base``."""
-        last = self.demand[base].last_active
+        """Seconds since any API process last started or finished a request for ``base``. A request that just
+        left its replica counts at once: one held through a long cold start last touched the clock when it
+        arrived, and an idle check between its answer and its final touch would stop the replica it woke."""
+        last = max(self.demand[base].last_active, self.routers[base].last_finished)
         with contextlib.suppress(RedisError, OSError, ValueError, TypeError):
             shared = await self.redis.get(activity_key(base))
             if shared is not None:
