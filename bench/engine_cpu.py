@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` importable
 
 from bench.common import RANKS, load_peft, make_adapters
+from bench.gpu.peft_baseline import generate_mixed_batch
 from core.tiny_model import TinyModelSpec, make_tiny_model
 from server.engine import SamplingParams
 from server.model.linear import Linear
@@ -123,25 +124,10 @@ def run_peft_batched(model, workload, *, warm: bool = True) -> Run:
     """One left-padded generate over every request; only each request's own output length is useful."""
     if warm:
         run_peft_batched(model, warm_up(workload), warm=False)
-    longest_prompt = max(len(p) for p, _, _ in workload)
-    ids = torch.zeros(len(workload), longest_prompt, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, (prompt, _, _) in enumerate(workload):
-        ids[row, longest_prompt - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest_prompt - len(prompt) :] = 1
-    longest_output = max(n for _, _, n in workload)
-    with Stopwatch() as watch, torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            adapter_names=[f"a{a}" for _, a, _ in workload],
-            max_new_tokens=longest_output,
-            min_new_tokens=longest_output,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    produced = out.shape[1] - longest_prompt
-    return Run(watch.wall, watch.cpu, sum(min(n, produced) for _, _, n in workload))
+    requests = [(prompt, f"a{a}", n) for prompt, a, n in workload]
+    with Stopwatch() as watch:
+        useful = generate_mixed_batch(model, requests)
+    return Run(watch.wall, watch.cpu, useful)
 
 
 def run_peft_sequential(model, workload, *, warm: bool = True) -> Run:
